@@ -1,0 +1,1 @@
+"""The cowmap benchmark harness (``python -m cowmap.bench``)."""

@@ -1,0 +1,89 @@
+"""The ``core`` scenario: CopyOnWriteStateMap against a Python dict, side by side."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from cowmap import CopyOnWriteStateMap
+
+
+def _median_ns_per_op(fn: Callable[[], None], ops: int, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn()
+        times.append((time.perf_counter_ns() - t0) / ops)
+    return statistics.median(times)
+
+
+def run_core(n: int = 1_000_000, repeats: int = 5, seed: int = 42) -> list[tuple[str, float, float, str]]:
+    """Rows of (figure, cowmap ns, alternative ns, alternative name), measured in one run."""
+    rng = np.random.default_rng(seed)
+    keys_np = rng.integers(0, 2**62, size=n, dtype=np.int64)
+    keys = keys_np.tolist()
+    probe = rng.permutation(keys_np).tolist()
+    ns = 0
+    m = CopyOnWriteStateMap()
+    d_tuple: dict = {}
+    d_key: dict = {}
+    for k in keys:
+        m.put(k, ns, k)
+        d_tuple[(k, ns)] = k
+        d_key[k] = k
+    get, put = m.get, m.put
+
+    def cow_get() -> None:
+        for k in probe:
+            get(k, ns)
+
+    def dict_tuple_get() -> None:
+        for k in probe:
+            d_tuple.get((k, ns))
+
+    def dict_key_get() -> None:
+        for k in probe:
+            d_key.get(k)
+
+    def cow_put() -> None:
+        for k in probe:
+            put(k, ns, k)
+
+    def dict_tuple_put() -> None:
+        for k in probe:
+            d_tuple[(k, ns)] = k
+
+    probe_np = np.asarray(probe, dtype=np.int64)
+
+    def cow_get_many() -> None:
+        m.get_many(probe_np, ns)
+
+    rows = [
+        ("get hit (ns/op)", _median_ns_per_op(cow_get, n, repeats), _median_ns_per_op(dict_tuple_get, n, repeats), "dict[(key, ns)]"),
+        ("get hit (ns/op)", _median_ns_per_op(cow_get, n, repeats), _median_ns_per_op(dict_key_get, n, repeats), "dict[key]"),
+        ("put hit (ns/op)", _median_ns_per_op(cow_put, n, repeats), _median_ns_per_op(dict_tuple_put, n, repeats), "dict[(key, ns)]"),
+    ]
+    try:
+        import pandas as pd
+
+        index = pd.Index(keys_np)
+        rows.append(("batch get int64 (ns/key)", _median_ns_per_op(cow_get_many, n, repeats),
+                     _median_ns_per_op(lambda: index.get_indexer(probe_np), n, repeats), "pandas khash get_indexer"))
+    except ImportError:
+        pass
+    t0 = time.perf_counter_ns()
+    snap = m.snapshot()
+    snap_ns = time.perf_counter_ns() - t0
+    snap.release()
+    rows.append(("snapshot() start (us)", snap_ns / 1e3, float("nan"), "-"))
+    return rows
+
+
+def print_rows(rows: list[tuple[str, float, float, str]]) -> None:
+    print(f"{'figure':28} {'cowmap':>10} {'other':>10} {'ratio':>7}  other is")
+    for name, ours, other, what in rows:
+        ratio = ours / other if other == other else float("nan")
+        print(f"{name:28} {ours:10.1f} {other:10.1f} {ratio:7.2f}  {what}")

@@ -1,0 +1,79 @@
+# cython: language_level=3
+"""C declarations of the core map (cowmap_core.h)."""
+
+from cpython.object cimport PyObject
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "cowmap_core.h":
+    int64_t CM_NO_TS
+
+    ctypedef struct cm_table:
+        uint32_t capacity
+
+    ctypedef struct cm_cursor:
+        int phase
+        uint32_t cap
+        uint32_t pos
+
+    ctypedef struct cm_map:
+        cm_table primary
+        cm_table rehash
+        uint32_t rehash_index
+        uint32_t size
+        uint32_t version
+        uint32_t required
+        uint64_t mod_count
+        uint32_t next_unused
+        uint32_t nfree
+        uint64_t npages_live
+        uint32_t nsnaps
+        PyObject *copier
+
+    ctypedef struct cm_snap:
+        uint32_t version
+        uint32_t size
+
+    ctypedef struct cm_snapit:
+        pass
+
+    ctypedef struct cm_keys:
+        PyObject **objs
+        const int64_t *ints
+        Py_ssize_t n
+
+    int cm_init(cm_map *m, uint32_t capacity) except -1
+    void cm_dealloc(cm_map *m)
+    int cm_enter(cm_map *m) except -1
+    void cm_leave(cm_map *m)
+
+    object cm_get(cm_map *m, object key, object ns)
+    object cm_get_with_ts(cm_map *m, object key, object ns)
+    object cm_timestamp(cm_map *m, object key, object ns)
+    int cm_set_timestamp(cm_map *m, object key, object ns, int64_t ts) except -1
+    int cm_contains(cm_map *m, object key, object ns) except -1
+    int cm_put(cm_map *m, object key, object ns, object state, int64_t ts) except -1
+    object cm_put_and_get_old(cm_map *m, object key, object ns, object state, int64_t ts)
+    int cm_remove(cm_map *m, object key, object ns) except -1
+    object cm_remove_and_get_old(cm_map *m, object key, object ns)
+    int cm_transform(cm_map *m, object key, object ns, object value, object fn, int64_t ts) except -1
+
+    object cm_get_many(cm_map *m, const cm_keys *ks, object ns)
+    int cm_put_many(cm_map *m, const cm_keys *ks, object ns, PyObject **states, int64_t ts) except -1
+    int cm_contains_many(cm_map *m, const cm_keys *ks, object ns, uint8_t *out) except -1
+    Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, object ns) except -1
+
+    Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries) except -1
+
+    int cm_snapshot(cm_map *m, cm_snap *s) except -1
+    void cm_release(cm_map *m, cm_snap *s)
+    void cm_snapit_init(const cm_snap *s, cm_snapit *it)
+    uint32_t cm_snapit_next(const cm_map *m, const cm_snap *s, cm_snapit *it)
+    object cm_entry_tuple(const void *e, int with_ts)
+    const void *cm_E(const cm_map *m, uint32_t i)
+
+    int cm_collect_logical(const cm_map *m, uint32_t base_cap, uint32_t j, object out) except -1
+    void cm_cursor_reset(const cm_map *m, cm_cursor *c)
+    int cm_visit_next(const cm_map *m, cm_cursor *c, uint32_t max_empty, const cm_table **t, uint32_t *b)
+    object cm_chain_list(const cm_map *m, const cm_table *t, uint32_t b)
+    size_t cm_bytes(const cm_map *m)

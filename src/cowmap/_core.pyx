@@ -1,0 +1,468 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
+"""The compiled core of cowmap: :class:`CopyOnWriteStateMap` and its snapshots.
+
+The data structure lives in ``cowmap_core.h`` (C); this module is a thin
+Python surface over it.
+"""
+
+cimport cython
+from cpython.object cimport PyObject
+from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+
+import numpy as np
+
+cdef extern from *:
+    """
+    static PyObject *_snapshot_versions(const cm_map *m) {
+        PyObject *out = PyList_New(m->nsnaps);
+        if (!out) return NULL;
+        for (uint32_t i = 0; i < m->nsnaps; i++) {
+            PyObject *v = PyLong_FromUnsignedLong(m->snaps[i].version);
+            if (!v) { Py_DECREF(out); return NULL; }
+            PyList_SET_ITEM(out, i, v);
+        }
+        return out;
+    }
+    """
+    object _snapshot_versions(const cm_map *m)
+
+
+NO_TIMESTAMP = CM_NO_TS
+
+cdef uint32_t _MAX_CAPACITY = 1 << 30
+
+
+cdef class _Keys:
+    """Holds a batch of keys as C data: an int64 buffer or a fast sequence."""
+    cdef cm_keys ks
+    cdef object holder
+    cdef const int64_t[::1] arr
+
+    def __cinit__(self, keys):
+        dtype = getattr(keys, "dtype", None)
+        if dtype is not None and getattr(keys, "ndim", 0) == 1 and (
+                dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize < 8)):
+            self.arr = np.ascontiguousarray(keys, dtype=np.int64)
+            self.ks.n = self.arr.shape[0]
+            self.ks.objs = NULL
+            self.ks.ints = &self.arr[0] if self.ks.n else NULL
+            if not self.ks.n:
+                self.ks.ints = <const int64_t *>1  # non-NULL marker for an empty int batch
+        else:
+            if dtype is not None:
+                keys = keys.tolist()
+            elif isinstance(keys, (str, bytes)):
+                raise TypeError("keys must be a sequence of keys or an int64 array, not a string")
+            self.holder = PySequence_Fast(keys, "keys must be a sequence or an int64 array")
+            self.ks.n = PySequence_Fast_GET_SIZE(self.holder)
+            self.ks.objs = PySequence_Fast_ITEMS(self.holder)
+            self.ks.ints = NULL
+
+
+@cython.final
+cdef class CopyOnWriteStateMap:
+    """A hash map keyed by ``(key, namespace)`` with O(1)-ish copy-on-write snapshots.
+
+    Modelled on Apache Flink's ``CopyOnWriteStateMap``: chained hashing with
+    incremental rehash (every operation moves at least 4 entries while a
+    rehash runs, so no operation pays for the whole table), versioned entries
+    and copy-on-write so that any number of :meth:`snapshot` views stay exactly
+    as they were taken while the map keeps changing, and a timestamp per entry
+    for TTL sweeps done in C.
+
+    Keys and namespaces are hashable Python objects (not None). States are any
+    objects, None included. If ``copier`` is given (Flink's
+    ``serializer.copy``), a state shared with a live snapshot is copied before
+    it is handed out for change (``get``, ``transform``, ``*_and_get_old``);
+    without it states are treated as immutable.
+
+    Complexity: single-key operations O(1) amortised (plus one rehash step of
+    >= 4 entries while rehashing); ``snapshot()`` O(capacity / 512).
+
+    Threading: single writer. Every method (``get`` included: it may run a
+    rehash step or copy a shared state) must be called from one thread at a
+    time; a snapshot may be read from another thread while the owner writes.
+    Re-entrant use from a key's ``__eq__``/``__hash__``, a copier or a
+    transform function raises ``RuntimeError``.
+
+    >>> m = CopyOnWriteStateMap()
+    >>> m.put("user-1", "window-0", 3)
+    >>> m.get("user-1", "window-0")
+    3
+    >>> with m.snapshot() as s:
+    ...     m.put("user-1", "window-0", 4)
+    ...     sorted(s)
+    [('user-1', 'window-0', 3)]
+    """
+    cdef cm_map m
+    cdef object _copier
+    cdef bint _ready
+
+    def __cinit__(self, capacity=128, copier=None):
+        self._ready = False
+        if not isinstance(capacity, int):
+            raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
+        if capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        if copier is not None and not callable(copier):
+            raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
+        cm_init(&self.m, <uint32_t>min(capacity, _MAX_CAPACITY))
+        self._ready = True
+        self._copier = copier
+        self.m.copier = <PyObject *>copier if copier is not None else NULL
+
+    def __dealloc__(self):
+        if self._ready:
+            cm_dealloc(&self.m)
+
+    # ---------------------------------------------------------- single keys
+
+    def put(self, key, namespace, state, int64_t ts=CM_NO_TS):
+        """Map ``(key, namespace)`` to ``state`` with timestamp ``ts`` (ms). O(1) amortised."""
+        cm_put(&self.m, key, namespace, state, ts)
+
+    def get(self, key, namespace):
+        """The state of ``(key, namespace)`` or None. A state shared with a
+        snapshot is copied first when a copier is set. O(1) amortised."""
+        return cm_get(&self.m, key, namespace)
+
+    def get_with_timestamp(self, key, namespace):
+        """``(state, ts)`` of ``(key, namespace)``, or None when absent."""
+        return cm_get_with_ts(&self.m, key, namespace)
+
+    def timestamp(self, key, namespace):
+        """The timestamp of ``(key, namespace)``, or None when absent."""
+        return cm_timestamp(&self.m, key, namespace)
+
+    def set_timestamp(self, key, namespace, int64_t ts):
+        """Set the timestamp of an existing entry; False when absent."""
+        return cm_set_timestamp(&self.m, key, namespace, ts) == 1
+
+    def contains_key(self, key, namespace):
+        """True if ``(key, namespace)`` is mapped (also when its state is None)."""
+        return cm_contains(&self.m, key, namespace) == 1
+
+    def __contains__(self, item):
+        key, namespace = item
+        return cm_contains(&self.m, key, namespace) == 1
+
+    def remove(self, key, namespace):
+        """Remove ``(key, namespace)`` if present."""
+        cm_remove(&self.m, key, namespace)
+
+    def put_and_get_old(self, key, namespace, state, int64_t ts=CM_NO_TS):
+        """Put and return the previous state (a copy if shared with a snapshot), or None."""
+        return cm_put_and_get_old(&self.m, key, namespace, state, ts)
+
+    def remove_and_get_old(self, key, namespace):
+        """Remove and return the previous state (a copy if shared with a snapshot), or None."""
+        return cm_remove_and_get_old(&self.m, key, namespace)
+
+    def transform(self, key, namespace, value, fn, int64_t ts=CM_NO_TS):
+        """Set the state to ``fn(old_state_or_None, value)``.
+
+        A shared state is copied before ``fn`` sees it. ``fn`` must not use
+        this map. If ``fn`` raises, the map is unchanged.
+        """
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, not {type(fn).__name__}")
+        cm_transform(&self.m, key, namespace, value, fn, ts)
+
+    # ---------------------------------------------------------------- batch
+
+    def get_many(self, keys, namespace):
+        """States of ``keys`` in ``namespace`` (None where absent), as a list.
+
+        ``keys`` is a sequence or an integer numpy array (fast path). One call
+        into C for the whole batch. O(len(keys)).
+        """
+        cdef _Keys k = _Keys(keys)
+        return cm_get_many(&self.m, &k.ks, namespace)
+
+    def put_many(self, keys, namespace, states, int64_t ts=CM_NO_TS):
+        """Put ``states[i]`` at ``(keys[i], namespace)`` for every i. O(len(keys))."""
+        cdef _Keys k = _Keys(keys)
+        seq = PySequence_Fast(states, "states must be a sequence")
+        if PySequence_Fast_GET_SIZE(seq) != k.ks.n:
+            raise ValueError(
+                f"keys and states differ in length ({k.ks.n} != {PySequence_Fast_GET_SIZE(seq)})")
+        cm_put_many(&self.m, &k.ks, namespace, PySequence_Fast_ITEMS(seq), ts)
+
+    def contains_many(self, keys, namespace):
+        """A numpy bool array: which ``keys`` are mapped in ``namespace``."""
+        cdef _Keys k = _Keys(keys)
+        out = np.zeros(k.ks.n, dtype=np.bool_)
+        cdef uint8_t[::1] view = out.view(np.uint8)
+        cdef uint8_t dummy = 0
+        cm_contains_many(&self.m, &k.ks, namespace, &view[0] if k.ks.n else &dummy)
+        return out
+
+    def remove_many(self, keys, namespace):
+        """Remove ``keys`` from ``namespace``; returns how many were present."""
+        cdef _Keys k = _Keys(keys)
+        return cm_remove_many(&self.m, &k.ks, namespace)
+
+    # ------------------------------------------------------------------ TTL
+
+    def sweep_expired(self, int64_t now, int64_t ttl, max_entries=5):
+        """Remove entries with ``ts + ttl <= now`` (overflow-safe), incrementally.
+
+        Each call examines about ``max_entries`` entries (whole bucket chains)
+        from where the previous call stopped, wrapping around, like Flink's
+        incremental TTL cleanup; ``max_entries=None`` makes one full pass.
+        The expiry check runs in C. Returns the number of entries removed.
+        """
+        cdef Py_ssize_t n = -1
+        if max_entries is not None:
+            n = max_entries
+            if n < 0:
+                raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
+        return cm_sweep(&self.m, now, ttl, n)
+
+    # ------------------------------------------------------------ whole map
+
+    def __len__(self):
+        return self.m.size
+
+    def __iter__(self):
+        """Iterate ``(key, namespace, state)``; each entry once, reads allowed.
+
+        Adding or removing entries during iteration raises RuntimeError.
+        """
+        return _MapIterator(self)
+
+    def snapshot(self):
+        """A consistent :class:`StateMapSnapshot` of this moment. O(capacity / 512)."""
+        cdef StateMapSnapshot s = StateMapSnapshot.__new__(StateMapSnapshot)
+        cm_snapshot(&self.m, &s.s)
+        s._map = self
+        s._released = False
+        return s
+
+    def incremental_visitor(self, max_empty_buckets=128):
+        """A :class:`StateIncrementalVisitor` scanning at most ``max_empty_buckets``
+        empty buckets per call."""
+        if max_empty_buckets < 1:
+            raise ValueError(f"max_empty_buckets must be >= 1, got {max_empty_buckets}")
+        return StateIncrementalVisitor(self, max_empty_buckets)
+
+    @property
+    def capacity(self):
+        """Capacity of the primary table (the old one while rehashing)."""
+        return self.m.primary.capacity
+
+    @property
+    def is_rehashing(self):
+        return self.m.rehash.capacity != 0
+
+    @property
+    def version(self):
+        """The map version; each snapshot increments it."""
+        return self.m.version
+
+    @property
+    def highest_required_snapshot_version(self):
+        return self.m.required
+
+    @property
+    def snapshot_versions(self):
+        """Versions of the live snapshots, ascending."""
+        return _snapshot_versions(&self.m)
+
+    @property
+    def copier(self):
+        return self._copier
+
+    def memory_stats(self):
+        """Entry and page counts and the bytes the core holds (excluding Python objects)."""
+        total = self.m.next_unused - 1 - self.m.nfree
+        return {
+            "live_entries": self.m.size,
+            "total_entries": total,
+            "retained_entries": total - self.m.size,
+            "free_entries": self.m.nfree,
+            "pages": self.m.npages_live,
+            "snapshots": self.m.nsnaps,
+            "bytes": cm_bytes(&self.m),
+        }
+
+    def __repr__(self):
+        return (f"<CopyOnWriteStateMap len={self.m.size} capacity={self.m.primary.capacity}"
+                f" rehashing={self.m.rehash.capacity != 0} snapshots={self.m.nsnaps}>")
+
+
+@cython.final
+@cython.no_gc_clear
+cdef class StateMapSnapshot:
+    """A consistent, read-only view of a :class:`CopyOnWriteStateMap`.
+
+    Iterating yields ``(key, namespace, state)`` as they were when
+    ``snapshot()`` was called, whatever the map does afterwards. Release it
+    (or use it as a context manager) so the map stops copying on write;
+    ``release()`` is idempotent. May be read from another thread.
+    """
+    cdef CopyOnWriteStateMap _map
+    cdef cm_snap s
+    cdef bint _released
+
+    def __cinit__(self):
+        self._released = True
+
+    def __dealloc__(self):
+        if not self._released and self._map is not None:
+            self._released = True
+            cm_release(&self._map.m, &self.s)
+
+    cdef int _check(self) except -1:
+        if self._released:
+            raise RuntimeError(f"snapshot version {self.s.version} has been released")
+        return 0
+
+    @property
+    def version(self):
+        return self.s.version
+
+    @property
+    def released(self):
+        return self._released
+
+    def __len__(self):
+        self._check()
+        return self.s.size
+
+    def __iter__(self):
+        self._check()
+        return _SnapshotIterator(self, False)
+
+    def iter_with_timestamps(self):
+        """Iterate ``(key, namespace, state, ts)``."""
+        self._check()
+        return _SnapshotIterator(self, True)
+
+    def release(self):
+        """Release this snapshot (idempotent)."""
+        if not self._released:
+            self._released = True
+            cm_release(&self._map.m, &self.s)
+
+    def __enter__(self):
+        self._check()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        state = "released" if self._released else f"len={self.s.size}"
+        return f"<StateMapSnapshot version={self.s.version} {state}>"
+
+
+@cython.final
+cdef class _SnapshotIterator:
+    cdef StateMapSnapshot snap
+    cdef cm_snapit it
+    cdef int with_ts
+
+    def __cinit__(self, StateMapSnapshot snap, bint with_ts):
+        self.snap = snap
+        self.with_ts = with_ts
+        cm_snapit_init(&snap.s, &self.it)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.snap._check()
+        cdef uint32_t i = cm_snapit_next(&self.snap._map.m, &self.snap.s, &self.it)
+        if i == 0:
+            raise StopIteration
+        return cm_entry_tuple(cm_E(&self.snap._map.m, i), self.with_ts)
+
+
+@cython.final
+cdef class _MapIterator:
+    """Walks logical buckets (hash mod the capacity at start), which entries
+    never leave when the table grows: each entry is seen exactly once even if
+    reads inside the loop run rehash steps."""
+    cdef CopyOnWriteStateMap _map
+    cdef uint32_t base_cap, j
+    cdef uint64_t mod_count
+    cdef list buf
+    cdef Py_ssize_t bi
+
+    def __cinit__(self, CopyOnWriteStateMap m):
+        self._map = m
+        self.base_cap = m.m.primary.capacity
+        self.j = 0
+        self.mod_count = m.m.mod_count
+        self.buf = []
+        self.bi = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        cdef cm_map *m = &self._map.m
+        if m.mod_count != self.mod_count:
+            raise RuntimeError("CopyOnWriteStateMap changed size during iteration")
+        while self.bi >= len(self.buf):
+            if self.j >= self.base_cap:
+                raise StopIteration
+            self.buf = []
+            self.bi = 0
+            cm_enter(m)
+            try:
+                cm_collect_logical(m, self.base_cap, self.j, self.buf)
+            finally:
+                cm_leave(m)
+            self.j += 1
+        item = self.buf[self.bi]
+        self.bi += 1
+        return item
+
+
+@cython.final
+cdef class StateIncrementalVisitor:
+    """Flink's ``StateIncrementalVisitor``: a few bucket chains per call.
+
+    ``next_entries()`` returns the ``(key, namespace, state)`` of one whole
+    chain, an empty list after ``max_empty_buckets`` empty buckets, or None
+    when the visit is done. Tolerates changes and rehash: every entry present
+    for the whole visit is returned at least once (around a rehash, some may
+    be returned twice).
+    """
+    cdef CopyOnWriteStateMap _map
+    cdef cm_cursor cur
+    cdef uint32_t max_empty
+
+    def __cinit__(self, CopyOnWriteStateMap m, uint32_t max_empty):
+        self._map = m
+        self.max_empty = max_empty
+        cm_cursor_reset(&m.m, &self.cur)
+
+    def has_next(self):
+        return self.cur.phase < 2 and self._map.m.size > 0
+
+    def next_entries(self):
+        cdef cm_map *m = &self._map.m
+        cdef const cm_table *t = NULL
+        cdef uint32_t b = 0
+        if not self.has_next():
+            return None
+        cm_enter(m)
+        try:
+            r = cm_visit_next(m, &self.cur, self.max_empty, &t, &b)
+            if r < 0:
+                return None
+            if r == 0:
+                return []
+            return cm_chain_list(m, t, b)
+        finally:
+            cm_leave(m)
+
+    def remove(self, key, namespace):
+        self._map.remove(key, namespace)
+
+    def update(self, key, namespace, state):
+        self._map.put(key, namespace, state)

@@ -1,0 +1,1197 @@
+/*
+ * cowmap core: a chained hash map keyed by (key, namespace) with incremental
+ * rehash, versioned copy-on-write snapshots and per-entry timestamps.
+ *
+ * Semantics follow Flink's CopyOnWriteStateMap (versions, chain copy-on-write,
+ * incremental rehash of >= 4 entries per operation); the memory layout is ours:
+ *
+ *  - Entries are 48-byte structs in chunks, addressed by 32-bit index (0 = none).
+ *    Exact ints that fit in int64 are stored inline (no PyObject kept).
+ *  - Bucket arrays are split into pages of up to 512 uint32 slots. Each page
+ *    carries the map version it was made at; a page older than the highest
+ *    version a live snapshot needs is copied before it is written. A snapshot
+ *    therefore copies only the page-pointer arrays (capacity/512 pointers).
+ *  - Nothing is reference-counted per entry. An entry or page that leaves the
+ *    live map while a snapshot may still see it (version < required) is
+ *    "retired" onto the list of the newest live snapshot; when that snapshot is
+ *    released, each item moves to the next older live snapshot that still sees
+ *    it (created before it) or is freed. So memory is freed exactly once.
+ *  - Buckets of the old table below the rehash index are never read again, so
+ *    migration never writes old pages; each old page is dropped as soon as the
+ *    migration passes its end (the retired table is freed in pieces).
+ *
+ * All functions run with the GIL held. A `busy` flag rejects re-entrant use
+ * (a key's __eq__, a copier or a transform function calling back into the
+ * map); object releases are deferred until the map is consistent again.
+ * Memory is taken with PyMem_Raw* so tracemalloc accounts for it.
+ */
+#ifndef COWMAP_CORE_H
+#define COWMAP_CORE_H
+
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define CM_PAGE_MAX_BITS 9u
+#define CM_CHUNK_BITS 12u
+#define CM_CHUNK_SIZE (1u << CM_CHUNK_BITS)
+#define CM_CHUNK_MASK (CM_CHUNK_SIZE - 1u)
+#define CM_MIN_TRANSFER 4u
+#define CM_MIN_CAPACITY 4u
+#define CM_MAX_CAPACITY (1u << 30)
+#define CM_NO_TS INT64_MAX
+#define CM_F_INTKEY 0x80000000u
+#define CM_VMASK 0x7FFFFFFFu
+#define CM_PYHASH_MODULUS (((uint64_t)1 << 61) - 1)
+
+#if defined(__GNUC__)
+#define CM_LIKELY(x) __builtin_expect(!!(x), 1)
+#define CM_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define CM_PREFETCH(p) __builtin_prefetch(p)
+#else
+#define CM_LIKELY(x) (x)
+#define CM_UNLIKELY(x) (x)
+#define CM_PREFETCH(p) ((void)0)
+#endif
+
+typedef struct {
+    union { PyObject *obj; int64_t i; } key; /* i when ev & CM_F_INTKEY */
+    PyObject *ns;
+    PyObject *state;   /* never NULL in a live entry */
+    int64_t ts;
+    uint32_t next;     /* entry index, 0 = end of chain */
+    uint32_t hash;
+    uint32_t ev;       /* entry version | CM_F_INTKEY */
+    uint32_t sv;       /* state version */
+} cm_entry;
+
+typedef struct {
+    uint32_t version;
+    uint32_t _pad;
+    uint32_t slots[];
+} cm_page;
+
+typedef struct {
+    uint32_t capacity;   /* power of two; 0 = no table */
+    uint32_t page_shift; /* log2(slots per page) */
+    uint32_t npages;
+    cm_page **pages;     /* NULL page = all slots empty */
+} cm_table;
+
+typedef struct { uint32_t *a; size_t n, cap; } cm_u32vec;
+typedef struct { void **a; size_t n, cap; } cm_ptrvec;
+
+typedef struct {
+    uint32_t version;
+    cm_u32vec ents;   /* retired entries this snapshot owns */
+    cm_ptrvec pages;  /* retired pages this snapshot owns */
+} cm_snapref;
+
+/* Position of an incremental visit; tolerant of rehash (see cm_visit_next). */
+typedef struct {
+    int phase;        /* 0: primary table, 1: rehash table, 2: done */
+    uint32_t cap;     /* capacity of the table being visited */
+    uint32_t pos;
+} cm_cursor;
+
+typedef struct {
+    cm_table primary, rehash;
+    uint32_t rehash_index;
+    uint32_t size;
+    uint32_t threshold;
+    uint32_t version;     /* Flink's stateMapVersion */
+    uint32_t required;    /* highest version a live snapshot needs, 0 = none */
+    uint64_t mod_count;   /* structural changes, for iterators */
+    cm_entry **chunks;
+    uint32_t nchunks, chunks_cap;
+    uint32_t next_unused; /* next never-used entry index */
+    uint32_t free_head, nfree;
+    uint64_t npages_live; /* pages allocated and not yet freed */
+    cm_snapref *snaps;    /* live snapshots, ascending versions */
+    uint32_t nsnaps, snaps_cap;
+    cm_u32vec pending_release;
+    PyObject *last_ns;    /* dedupes equal namespace objects (as Flink does) */
+    PyObject *copier;     /* borrowed from the Python wrapper; NULL = immutable states */
+    int busy;
+    cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
+    cm_cursor sweep;
+} cm_map;
+
+typedef struct {
+    PyObject *key;   /* may be NULL for an int probe that came from an int64 array */
+    int64_t ikey;
+    int is_int;
+    PyObject *ns;
+    uint32_t hash;
+} cm_probe;
+
+/* ------------------------------------------------------------------ utils */
+
+static int cm_u32vec_push(cm_u32vec *v, uint32_t x) {
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? v->cap * 2 : 16;
+        uint32_t *na = (uint32_t *)PyMem_RawRealloc(v->a, nc * sizeof(uint32_t));
+        if (!na) { PyErr_NoMemory(); return -1; }
+        v->a = na; v->cap = nc;
+    }
+    v->a[v->n++] = x;
+    return 0;
+}
+
+static int cm_ptrvec_push(cm_ptrvec *v, void *x) {
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? v->cap * 2 : 16;
+        void **na = (void **)PyMem_RawRealloc(v->a, nc * sizeof(void *));
+        if (!na) { PyErr_NoMemory(); return -1; }
+        v->a = na; v->cap = nc;
+    }
+    v->a[v->n++] = x;
+    return 0;
+}
+
+static inline uint32_t cm_fmix32(uint32_t h) {
+    h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
+    return h;
+}
+
+static inline uint32_t cm_fold(Py_hash_t h) {
+    uint64_t u = (uint64_t)h;
+    return (uint32_t)(u ^ (u >> 32));
+}
+
+/* Flink hashes bitMix(key.hashCode() ^ ns.hashCode()); mixing the namespace
+ * first keeps that exact result for namespace 0 (so rehash points match
+ * Flink's) while (k, k) pairs no longer collapse into one bucket. */
+static inline uint32_t cm_composite(Py_hash_t hk, Py_hash_t hn) {
+    return cm_fmix32(cm_fold(hk) ^ cm_fmix32(cm_fold(hn)));
+}
+
+/* Python's hash() of an int, computed without a PyLong. */
+static inline Py_hash_t cm_int_hash(int64_t v) {
+    uint64_t a = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    if (CM_UNLIKELY(a >= CM_PYHASH_MODULUS)) a %= CM_PYHASH_MODULUS;
+    Py_hash_t h = (Py_hash_t)a;
+    if (v < 0) h = -h;
+    if (h == -1) h = -2;
+    return h;
+}
+
+static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
+    return m->chunks[i >> CM_CHUNK_BITS] + (i & CM_CHUNK_MASK);
+}
+
+static inline uint32_t cm_ev(const cm_entry *e) { return e->ev & CM_VMASK; }
+
+static void cm_grave(cm_map *m, PyObject *o) {
+    if (cm_ptrvec_push(&m->grave, o) < 0) {
+        PyErr_Clear();
+        Py_DECREF(o); /* out of memory: release now rather than leak */
+    }
+}
+
+/* ----------------------------------------------------------------- tables */
+
+static int cm_table_init(cm_table *t, uint32_t capacity) {
+    uint32_t shift = 0;
+    while ((1u << shift) < capacity && shift < CM_PAGE_MAX_BITS) shift++;
+    t->capacity = capacity;
+    t->page_shift = shift;
+    t->npages = capacity >> shift;
+    t->pages = (cm_page **)PyMem_RawCalloc(t->npages, sizeof(cm_page *));
+    if (!t->pages) { PyErr_NoMemory(); return -1; }
+    return 0;
+}
+
+static inline uint32_t cm_page_slots(const cm_table *t) { return 1u << t->page_shift; }
+
+static inline uint32_t cm_slot_get(const cm_table *t, uint32_t b) {
+    const cm_page *p = t->pages[b >> t->page_shift];
+    return p ? p->slots[b & (cm_page_slots(t) - 1u)] : 0u;
+}
+
+static void cm_page_free(cm_map *m, cm_page *p) {
+    PyMem_RawFree(p);
+    m->npages_live--;
+}
+
+static int cm_retire_page(cm_map *m, cm_page *p) {
+    if (p->version >= m->required) { cm_page_free(m, p); return 0; }
+    return cm_ptrvec_push(&m->snaps[m->nsnaps - 1].pages, p);
+}
+
+/* Pointer to slot b, making its page exist and be private to the live map. */
+static uint32_t *cm_slot_w(cm_map *m, cm_table *t, uint32_t b) {
+    uint32_t pi = b >> t->page_shift, n = cm_page_slots(t);
+    cm_page *p = t->pages[pi];
+    if (CM_UNLIKELY(!p)) {
+        p = (cm_page *)PyMem_RawCalloc(1, sizeof(cm_page) + (size_t)n * sizeof(uint32_t));
+        if (!p) { PyErr_NoMemory(); return NULL; }
+        p->version = m->version;
+        m->npages_live++;
+        t->pages[pi] = p;
+    } else if (CM_UNLIKELY(p->version < m->required)) {
+        cm_page *np = (cm_page *)PyMem_RawMalloc(sizeof(cm_page) + (size_t)n * sizeof(uint32_t));
+        if (!np) { PyErr_NoMemory(); return NULL; }
+        memcpy(np->slots, p->slots, (size_t)n * sizeof(uint32_t));
+        np->version = m->version;
+        np->_pad = 0;
+        m->npages_live++;
+        if (cm_retire_page(m, p) < 0) { PyMem_RawFree(np); m->npages_live--; return NULL; }
+        t->pages[pi] = np;
+        p = np;
+    }
+    return &p->slots[b & (n - 1u)];
+}
+
+/* ---------------------------------------------------------------- entries */
+
+static uint32_t cm_entry_alloc(cm_map *m) {
+    if (m->free_head) {
+        uint32_t i = m->free_head;
+        m->free_head = cm_E(m, i)->next;
+        m->nfree--;
+        return i;
+    }
+    uint32_t i = m->next_unused;
+    if (CM_UNLIKELY(i == UINT32_MAX)) {
+        PyErr_SetString(PyExc_MemoryError, "CopyOnWriteStateMap is full (2**32 - 1 entries)");
+        return 0;
+    }
+    uint32_t c = i >> CM_CHUNK_BITS;
+    if (c >= m->nchunks) {
+        if (m->nchunks == m->chunks_cap) {
+            uint32_t nc = m->chunks_cap ? m->chunks_cap * 2 : 16;
+            cm_entry **na = (cm_entry **)PyMem_RawRealloc(m->chunks, nc * sizeof(cm_entry *));
+            if (!na) { PyErr_NoMemory(); return 0; }
+            m->chunks = na; m->chunks_cap = nc;
+        }
+        cm_entry *chunk = (cm_entry *)PyMem_RawMalloc(CM_CHUNK_SIZE * sizeof(cm_entry));
+        if (!chunk) { PyErr_NoMemory(); return 0; }
+        m->chunks[m->nchunks++] = chunk;
+    }
+    m->next_unused = i + 1;
+    return i;
+}
+
+static void cm_entry_free(cm_map *m, uint32_t i) {
+    cm_entry *e = cm_E(m, i);
+    if (!(e->ev & CM_F_INTKEY)) cm_grave(m, e->key.obj);
+    cm_grave(m, e->ns);
+    cm_grave(m, e->state);
+    e->next = m->free_head;
+    e->state = NULL;
+    m->free_head = i;
+    m->nfree++;
+}
+
+static int cm_retire_entry(cm_map *m, uint32_t i) {
+    if (cm_ev(cm_E(m, i)) >= m->required) { cm_entry_free(m, i); return 0; }
+    return cm_u32vec_push(&m->snaps[m->nsnaps - 1].ents, i);
+}
+
+/* A private copy of entry i at the current version (Flink: new StateMapEntry(e, version)). */
+static uint32_t cm_entry_copy(cm_map *m, uint32_t i) {
+    uint32_t j = cm_entry_alloc(m);
+    if (!j) return 0;
+    cm_entry *src = cm_E(m, i), *dst = cm_E(m, j);
+    *dst = *src;
+    dst->ev = m->version | (src->ev & CM_F_INTKEY);
+    if (!(dst->ev & CM_F_INTKEY)) Py_INCREF(dst->key.obj);
+    Py_INCREF(dst->ns);
+    Py_INCREF(dst->state);
+    return j;
+}
+
+/* Copy the chain of bucket b up to `until` where shared; returns until's private index. */
+static uint32_t cm_chain_cow(cm_map *m, cm_table *t, uint32_t b, uint32_t until) {
+    uint32_t *slot = cm_slot_w(m, t, b);
+    if (!slot) return 0;
+    uint32_t cur = *slot, copy;
+    if (cm_ev(cm_E(m, cur)) < m->required) {
+        if (!(copy = cm_entry_copy(m, cur))) return 0;
+        *slot = copy;
+        if (cm_retire_entry(m, cur) < 0) return 0;
+    } else {
+        copy = cur;
+    }
+    while (cur != until) {
+        cur = cm_E(m, cur)->next;
+        if (cm_ev(cm_E(m, cur)) < m->required) {
+            uint32_t c2 = cm_entry_copy(m, cur);
+            if (!c2) return 0;
+            cm_E(m, copy)->next = c2;
+            copy = c2;
+            if (cm_retire_entry(m, cur) < 0) return 0;
+        } else {
+            copy = cur;
+        }
+    }
+    return copy;
+}
+
+/* ----------------------------------------------------------------- rehash */
+
+static void cm_set_threshold(cm_map *m, uint32_t capacity) {
+    m->threshold = capacity < CM_MAX_CAPACITY ? (capacity >> 1) + (capacity >> 2) : UINT32_MAX;
+}
+
+static int cm_double_capacity(cm_map *m) {
+    if (m->primary.capacity >= CM_MAX_CAPACITY) return 0;
+    if (cm_table_init(&m->rehash, m->primary.capacity * 2) < 0) return -1;
+    cm_set_threshold(m, m->rehash.capacity);
+    return 0;
+}
+
+static int cm_drop_old_page(cm_map *m, uint32_t pi) {
+    cm_page *p = m->primary.pages[pi];
+    m->primary.pages[pi] = NULL;
+    return p ? cm_retire_page(m, p) : 0;
+}
+
+/* One step of incremental rehash: move whole chains until >= 4 entries moved. */
+static int cm_rehash_step(cm_map *m) {
+    cm_table *old = &m->primary, *nw = &m->rehash;
+    uint32_t rh = m->rehash_index, moved = 0, nmask = nw->capacity - 1u;
+    uint32_t pmask = cm_page_slots(old) - 1u;
+    while (moved < CM_MIN_TRANSFER) {
+        uint32_t i = cm_slot_get(old, rh);
+        while (i) {
+            uint32_t n = cm_E(m, i)->next;
+            if (cm_ev(cm_E(m, i)) < m->required) {
+                uint32_t c = cm_entry_copy(m, i);
+                if (!c || cm_retire_entry(m, i) < 0) return -1;
+                i = c;
+            }
+            cm_entry *e = cm_E(m, i);
+            uint32_t *slot = cm_slot_w(m, nw, e->hash & nmask);
+            if (!slot) return -1;
+            e->next = *slot;
+            *slot = i;
+            i = n;
+            moved++;
+        }
+        rh++;
+        if ((rh & pmask) == 0 && cm_drop_old_page(m, (rh - 1u) >> old->page_shift) < 0) return -1;
+        if (rh == old->capacity) {
+            PyMem_RawFree(old->pages);
+            m->primary = *nw;
+            memset(nw, 0, sizeof(*nw));
+            m->rehash_index = 0;
+            return 0;
+        }
+    }
+    m->rehash_index = rh;
+    return 0;
+}
+
+static inline cm_table *cm_select(cm_map *m, uint32_t hash) {
+    return (hash & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
+}
+
+/* ------------------------------------------------------------------ probes */
+
+static int cm_probe_ns(cm_probe *p, PyObject *ns, Py_hash_t *hn) {
+    if (CM_UNLIKELY(ns == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "namespace must not be None");
+        return -1;
+    }
+    *hn = PyObject_Hash(ns);
+    if (*hn == -1 && PyErr_Occurred()) return -1;
+    p->ns = ns;
+    return 0;
+}
+
+static int cm_probe_key(cm_probe *p, PyObject *key, Py_hash_t *hk) {
+    if (PyLong_CheckExact(key)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+        if (!overflow) {
+            p->key = key; p->ikey = (int64_t)v; p->is_int = 1;
+            *hk = cm_int_hash((int64_t)v);
+            return 0;
+        }
+    } else if (CM_UNLIKELY(key == Py_None)) {
+        PyErr_SetString(PyExc_TypeError, "key must not be None");
+        return -1;
+    }
+    *hk = PyObject_Hash(key);
+    if (*hk == -1 && PyErr_Occurred()) return -1;
+    p->key = key; p->ikey = 0; p->is_int = 0;
+    return 0;
+}
+
+static int cm_make_probe(cm_probe *p, PyObject *key, PyObject *ns) {
+    Py_hash_t hk, hn;
+    if (cm_probe_key(p, key, &hk) < 0 || cm_probe_ns(p, ns, &hn) < 0) return -1;
+    p->hash = cm_composite(hk, hn);
+    return 0;
+}
+
+static int cm_key_eq(const cm_entry *e, const cm_probe *p) {
+    if (e->ev & CM_F_INTKEY) {
+        if (p->is_int) return e->key.i == p->ikey;
+        PyObject *tmp = PyLong_FromLongLong(e->key.i);
+        if (!tmp) return -1;
+        int r = PyObject_RichCompareBool(tmp, p->key, Py_EQ);
+        Py_DECREF(tmp);
+        return r;
+    }
+    PyObject *k = e->key.obj;
+    if (k == p->key) return 1;
+    if (p->key) return PyObject_RichCompareBool(k, p->key, Py_EQ);
+    PyObject *tmp = PyLong_FromLongLong(p->ikey);
+    if (!tmp) return -1;
+    int r = PyObject_RichCompareBool(k, tmp, Py_EQ);
+    Py_DECREF(tmp);
+    return r;
+}
+
+/* 1 found (idx, prev set), 0 absent, -1 error. */
+static inline int cm_find(const cm_map *m, const cm_table *t, const cm_probe *p, uint32_t *idx, uint32_t *prev) {
+    uint32_t i = cm_slot_get(t, p->hash & (t->capacity - 1u)), pr = 0;
+    while (i) {
+        const cm_entry *e = cm_E(m, i);
+        if (e->hash == p->hash) {
+            int r;
+            if (p->is_int && (e->ev & CM_F_INTKEY)) r = e->key.i == p->ikey;
+            else if ((r = cm_key_eq(e, p)) < 0) return -1;
+            if (r) {
+                if (e->ns != p->ns && (r = PyObject_RichCompareBool(e->ns, p->ns, Py_EQ)) <= 0) {
+                    if (r < 0) return -1;
+                } else {
+                    *idx = i; *prev = pr;
+                    return 1;
+                }
+            }
+        }
+        pr = i;
+        i = e->next;
+    }
+    return 0;
+}
+
+/* --------------------------------------------------------- enter / leave */
+
+static void cm_release_now(cm_map *m, uint32_t version);
+
+static inline int cm_enter(cm_map *m) {
+    if (CM_UNLIKELY(m->busy)) {
+        PyErr_SetString(PyExc_RuntimeError,
+            "CopyOnWriteStateMap used re-entrantly (from a key's __eq__/__hash__, a copier or a "
+            "transform function); those must not call back into the map");
+        return -1;
+    }
+    m->busy = 1;
+    return 0;
+}
+
+static void cm_leave(cm_map *m) {
+    while (m->pending_release.n) {
+        uint32_t v = m->pending_release.a[--m->pending_release.n];
+        cm_release_now(m, v);
+    }
+    m->busy = 0;
+    while (m->grave.n) {
+        PyObject *o = (PyObject *)m->grave.a[--m->grave.n];
+        Py_DECREF(o);
+    }
+}
+
+/* Rehash step (Flink's computeHashForOperationAndDoIncrementalRehash) + lookup. */
+typedef struct {
+    cm_table *t;
+    uint32_t idx, prev;
+    int found;
+} cm_loc;
+
+static inline int cm_locate(cm_map *m, const cm_probe *p, cm_loc *loc, int rehash) {
+    if (rehash && m->rehash.capacity && cm_rehash_step(m) < 0) return -1;
+    loc->t = cm_select(m, p->hash);
+    loc->found = cm_find(m, loc->t, p, &loc->idx, &loc->prev);
+    return loc->found < 0 ? -1 : 0;
+}
+
+/* A new entry for probe p with state None (caller sets it); Flink's putEntry tail. */
+static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
+    PyObject *ns = p->ns;
+    if (m->last_ns != ns) {
+        int r = m->last_ns ? PyObject_RichCompareBool(m->last_ns, ns, Py_EQ) : 0;
+        if (r < 0) return 0;
+        if (r) ns = m->last_ns;
+        else { Py_INCREF(ns); Py_XSETREF(m->last_ns, ns); }
+    }
+    PyObject *keyobj = p->key;
+    m->mod_count++;
+    if (m->size > m->threshold && !m->rehash.capacity && cm_double_capacity(m) < 0) return 0;
+    uint32_t i = cm_entry_alloc(m);
+    if (!i) return 0;
+    uint32_t *slot = cm_slot_w(m, t, p->hash & (t->capacity - 1u));
+    if (!slot) { cm_E(m, i)->next = m->free_head; m->free_head = i; m->nfree++; return 0; }
+    cm_entry *e = cm_E(m, i);
+    if (p->is_int) {
+        e->key.i = p->ikey;
+        e->ev = m->version | CM_F_INTKEY;
+    } else {
+        Py_INCREF(keyobj);
+        e->key.obj = keyobj;
+        e->ev = m->version;
+    }
+    Py_INCREF(ns);
+    e->ns = ns;
+    Py_INCREF(Py_None);
+    e->state = Py_None;
+    e->sv = m->version;
+    e->ts = CM_NO_TS;
+    e->hash = p->hash;
+    e->next = *slot;
+    *slot = i;
+    m->size++;
+    return i;
+}
+
+/* The located entry, private to the live map (chain copied where shared). */
+static inline uint32_t cm_writable(cm_map *m, const cm_probe *p, const cm_loc *loc) {
+    if (cm_ev(cm_E(m, loc->idx)) < m->required)
+        return cm_chain_cow(m, loc->t, p->hash & (loc->t->capacity - 1u), loc->idx);
+    return loc->idx;
+}
+
+/* Unlink entry idx (found with predecessor prev) from bucket b of t and retire it. */
+static int cm_unlink(cm_map *m, cm_table *t, uint32_t b, uint32_t idx, uint32_t prev) {
+    uint32_t next = cm_E(m, idx)->next;
+    if (!prev) {
+        uint32_t *slot = cm_slot_w(m, t, b);
+        if (!slot) return -1;
+        *slot = next;
+    } else {
+        if (cm_ev(cm_E(m, prev)) < m->required && !(prev = cm_chain_cow(m, t, b, prev))) return -1;
+        cm_E(m, prev)->next = next;
+    }
+    m->size--;
+    m->mod_count++;
+    return cm_retire_entry(m, idx);
+}
+
+static inline int cm_state_shared(const cm_map *m, const cm_entry *e) {
+    return e->sv < m->required;
+}
+
+/* New reference to the state of a located entry, copying it first if it is
+ * shared with a snapshot and a copier is set (Flink's get). */
+static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) {
+    cm_entry *e = cm_E(m, loc->idx);
+    if (m->copier && cm_state_shared(m, e)) {
+        PyObject *c = PyObject_CallOneArg(m->copier, e->state);
+        if (!c) return NULL;
+        uint32_t w = cm_writable(m, p, loc);
+        if (!w) { Py_DECREF(c); return NULL; }
+        e = cm_E(m, w);
+        cm_grave(m, e->state);
+        e->state = c;
+        e->sv = m->version;
+    }
+    Py_INCREF(e->state);
+    return e->state;
+}
+
+/* New reference to a state about to be handed out as "old": a copy if shared. */
+static PyObject *cm_old_state(cm_map *m, const cm_entry *e) {
+    if (m->copier && cm_state_shared(m, e)) return PyObject_CallOneArg(m->copier, e->state);
+    Py_INCREF(e->state);
+    return e->state;
+}
+
+/* Replace the state of writable entry w (steals `state`). */
+static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t ts) {
+    cm_entry *e = cm_E(m, w);
+    PyObject *old = e->state;
+    e->state = state;
+    e->sv = m->version;
+    e->ts = ts;
+    cm_grave(m, old);
+}
+
+/* Write `state` (borrowed) at the probe; creates the entry if needed. */
+static int cm_put_probe(cm_map *m, const cm_probe *p, PyObject *state, int64_t ts, int rehash) {
+    cm_loc loc;
+    if (cm_locate(m, p, &loc, rehash) < 0) return -1;
+    uint32_t w = loc.found ? cm_writable(m, p, &loc) : cm_add_entry(m, p, loc.t);
+    if (!w) return -1;
+    Py_INCREF(state);
+    cm_set_state(m, w, state, ts);
+    return 0;
+}
+
+/* ------------------------------------------------------ public single ops */
+
+static PyObject *cm_get(cm_map *m, PyObject *key, PyObject *ns) {
+    cm_probe p; cm_loc loc; PyObject *r = NULL;
+    if (cm_enter(m) < 0) return NULL;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+        if (loc.found) r = cm_read_state(m, &p, &loc);
+        else { r = Py_None; Py_INCREF(r); }
+    }
+    cm_leave(m);
+    return r;
+}
+
+/* (state, ts) or None */
+static PyObject *cm_get_with_ts(cm_map *m, PyObject *key, PyObject *ns) {
+    cm_probe p; cm_loc loc; PyObject *r = NULL;
+    if (cm_enter(m) < 0) return NULL;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+        if (loc.found) {
+            int64_t ts = cm_E(m, loc.idx)->ts; /* a copy made by the read keeps it */
+            PyObject *s = cm_read_state(m, &p, &loc);
+            if (s) r = Py_BuildValue("(NL)", s, (long long)ts);
+        } else { r = Py_None; Py_INCREF(r); }
+    }
+    cm_leave(m);
+    return r;
+}
+
+static PyObject *cm_timestamp(cm_map *m, PyObject *key, PyObject *ns) {
+    cm_probe p; cm_loc loc; PyObject *r = NULL;
+    if (cm_enter(m) < 0) return NULL;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+        if (loc.found) r = PyLong_FromLongLong(cm_E(m, loc.idx)->ts);
+        else { r = Py_None; Py_INCREF(r); }
+    }
+    cm_leave(m);
+    return r;
+}
+
+/* 1 set, 0 absent, -1 error */
+static int cm_set_timestamp(cm_map *m, PyObject *key, PyObject *ns, int64_t ts) {
+    cm_probe p; cm_loc loc; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+        if (!loc.found) r = 0;
+        else {
+            uint32_t w = cm_writable(m, &p, &loc);
+            if (w) { cm_E(m, w)->ts = ts; r = 1; }
+        }
+    }
+    cm_leave(m);
+    return r;
+}
+
+/* 1 / 0 / -1 */
+static int cm_contains(cm_map *m, PyObject *key, PyObject *ns) {
+    cm_probe p; cm_loc loc; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) r = loc.found;
+    cm_leave(m);
+    return r;
+}
+
+static int cm_put(cm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
+    cm_probe p; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) == 0) r = cm_put_probe(m, &p, state, ts, 1);
+    cm_leave(m);
+    return r;
+}
+
+static PyObject *cm_put_and_get_old(cm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
+    cm_probe p; cm_loc loc; PyObject *old = NULL;
+    if (cm_enter(m) < 0) return NULL;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+        if (loc.found) old = cm_old_state(m, cm_E(m, loc.idx));
+        else { old = Py_None; Py_INCREF(old); }
+        if (old) {
+            uint32_t w = loc.found ? cm_writable(m, &p, &loc) : cm_add_entry(m, &p, loc.t);
+            if (w) { Py_INCREF(state); cm_set_state(m, w, state, ts); }
+            else Py_CLEAR(old);
+        }
+    }
+    cm_leave(m);
+    return old;
+}
+
+/* Removes if present; *old (if not NULL) receives the old state or None. 1/0/-1. */
+static int cm_remove_probe(cm_map *m, const cm_probe *p, PyObject **old, int rehash) {
+    cm_loc loc;
+    if (cm_locate(m, p, &loc, rehash) < 0) return -1;
+    if (!loc.found) {
+        if (old) { *old = Py_None; Py_INCREF(Py_None); }
+        return 0;
+    }
+    if (old && !(*old = cm_old_state(m, cm_E(m, loc.idx)))) return -1;
+    if (cm_unlink(m, loc.t, p->hash & (loc.t->capacity - 1u), loc.idx, loc.prev) < 0) {
+        if (old) Py_CLEAR(*old);
+        return -1;
+    }
+    return 1;
+}
+
+static int cm_remove(cm_map *m, PyObject *key, PyObject *ns) {
+    cm_probe p; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) == 0) r = cm_remove_probe(m, &p, NULL, 1);
+    cm_leave(m);
+    return r;
+}
+
+static PyObject *cm_remove_and_get_old(cm_map *m, PyObject *key, PyObject *ns) {
+    cm_probe p; PyObject *old = NULL;
+    if (cm_enter(m) < 0) return NULL;
+    if (cm_make_probe(&p, key, ns) == 0) cm_remove_probe(m, &p, &old, 1);
+    cm_leave(m);
+    return old;
+}
+
+/* state = fn(old_or_None, value); fn runs while the map is busy (it must not use the map). */
+static int cm_transform(cm_map *m, PyObject *key, PyObject *ns, PyObject *value, PyObject *fn, int64_t ts) {
+    cm_probe p; cm_loc loc; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+        PyObject *arg;
+        if (loc.found) arg = cm_old_state(m, cm_E(m, loc.idx));
+        else { arg = Py_None; Py_INCREF(arg); }
+        if (arg) {
+            PyObject *args[2] = {arg, value};
+            PyObject *nst = PyObject_Vectorcall(fn, args, 2, NULL);
+            Py_DECREF(arg);
+            if (nst) {
+                uint32_t w = loc.found ? cm_writable(m, &p, &loc) : cm_add_entry(m, &p, loc.t);
+                if (w) { cm_set_state(m, w, nst, ts); r = 0; }
+                else Py_DECREF(nst);
+            }
+        }
+    }
+    cm_leave(m);
+    return r;
+}
+
+/* ---------------------------------------------------------- batch ops */
+
+/* keys: either a Python sequence (fast sequence: list/tuple) or int64 data */
+typedef struct {
+    PyObject **objs;       /* from PySequence_Fast_ITEMS, or NULL */
+    const int64_t *ints;   /* int64 array data, or NULL */
+    Py_ssize_t n;
+} cm_keys;
+
+static int cm_probe_at(const cm_keys *ks, Py_ssize_t i, PyObject *ns, Py_hash_t hn, cm_probe *p) {
+    Py_hash_t hk;
+    if (ks->ints) {
+        int64_t v = ks->ints[i];
+        p->key = NULL; p->ikey = v; p->is_int = 1;
+        hk = cm_int_hash(v);
+    } else if (cm_probe_key(p, ks->objs[i], &hk) < 0) {
+        return -1;
+    }
+    p->ns = ns;
+    p->hash = cm_composite(hk, hn);
+    return 0;
+}
+
+static PyObject *cm_get_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
+    cm_probe p; cm_loc loc; Py_hash_t hn;
+    PyObject *out = PyList_New(ks->n);
+    if (!out) return NULL;
+    if (cm_enter(m) < 0) { Py_DECREF(out); return NULL; }
+    if (cm_probe_ns(&p, ns, &hn) < 0) goto fail;
+    for (Py_ssize_t i = 0; i < ks->n; i++) {
+        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || cm_locate(m, &p, &loc, 1) < 0) goto fail;
+        PyObject *s;
+        if (loc.found) {
+            if (!(s = cm_read_state(m, &p, &loc))) goto fail;
+        } else { s = Py_None; Py_INCREF(s); }
+        PyList_SET_ITEM(out, i, s);
+    }
+    cm_leave(m);
+    return out;
+fail:
+    cm_leave(m);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static int cm_put_many(cm_map *m, const cm_keys *ks, PyObject *ns, PyObject **states, int64_t ts) {
+    cm_probe p; Py_hash_t hn; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_probe_ns(&p, ns, &hn) < 0) goto done;
+    for (Py_ssize_t i = 0; i < ks->n; i++) {
+        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || cm_put_probe(m, &p, states[i], ts, 1) < 0) goto done;
+        /* grave grows by one replaced state per key; keep it small */
+        if (m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
+    }
+    r = 0;
+done:
+    cm_leave(m);
+    return r;
+}
+
+/* out[i] = 1/0; returns 0 or -1 */
+static int cm_contains_many(cm_map *m, const cm_keys *ks, PyObject *ns, uint8_t *out) {
+    cm_probe p; cm_loc loc; Py_hash_t hn; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_probe_ns(&p, ns, &hn) < 0) goto done;
+    for (Py_ssize_t i = 0; i < ks->n; i++) {
+        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || cm_locate(m, &p, &loc, 1) < 0) goto done;
+        out[i] = (uint8_t)loc.found;
+    }
+    r = 0;
+done:
+    cm_leave(m);
+    return r;
+}
+
+static Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
+    cm_probe p; Py_hash_t hn; Py_ssize_t removed = 0;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_probe_ns(&p, ns, &hn) < 0) { removed = -1; goto done; }
+    for (Py_ssize_t i = 0; i < ks->n; i++) {
+        int r;
+        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || (r = cm_remove_probe(m, &p, NULL, 1)) < 0) {
+            removed = -1;
+            goto done;
+        }
+        removed += r;
+        if (m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
+    }
+done:
+    cm_leave(m);
+    return removed;
+}
+
+/* -------------------------------------------------------------- snapshots */
+
+typedef struct {
+    uint32_t capacity, page_shift, npages;
+    cm_page **pages;   /* private copy of the page-pointer array */
+} cm_tview;
+
+typedef struct {
+    uint32_t version;
+    uint32_t size;
+    uint32_t rehash_index;
+    cm_tview primary, rehash;
+} cm_snap;
+
+static int cm_tview_take(cm_tview *v, const cm_table *t) {
+    v->capacity = t->capacity; v->page_shift = t->page_shift; v->npages = t->npages;
+    v->pages = NULL;
+    if (!t->capacity) return 0;
+    v->pages = (cm_page **)PyMem_RawMalloc((size_t)t->npages * sizeof(cm_page *));
+    if (!v->pages) { PyErr_NoMemory(); return -1; }
+    memcpy(v->pages, t->pages, (size_t)t->npages * sizeof(cm_page *));
+    return 0;
+}
+
+static inline uint32_t cm_tview_slot(const cm_tview *v, uint32_t b) {
+    const cm_page *p = v->pages[b >> v->page_shift];
+    return p ? p->slots[b & ((1u << v->page_shift) - 1u)] : 0u;
+}
+
+/* O(capacity / 512): copies the page-pointer arrays only. */
+static int cm_snapshot(cm_map *m, cm_snap *s) {
+    if (cm_enter(m) < 0) return -1;
+    int r = -1;
+    memset(s, 0, sizeof(*s));
+    if (m->version >= CM_VMASK) {
+        PyErr_SetString(PyExc_RuntimeError, "snapshot version overflow (2**31 snapshots)");
+        goto done;
+    }
+    if (m->nsnaps == m->snaps_cap) {
+        uint32_t nc = m->snaps_cap ? m->snaps_cap * 2 : 4;
+        cm_snapref *na = (cm_snapref *)PyMem_RawRealloc(m->snaps, nc * sizeof(cm_snapref));
+        if (!na) { PyErr_NoMemory(); goto done; }
+        m->snaps = na; m->snaps_cap = nc;
+    }
+    if (cm_tview_take(&s->primary, &m->primary) < 0) goto done;
+    if (cm_tview_take(&s->rehash, &m->rehash) < 0) { PyMem_RawFree(s->primary.pages); goto done; }
+    s->version = ++m->version;
+    s->size = m->size;
+    s->rehash_index = m->rehash_index;
+    m->required = m->version;
+    memset(&m->snaps[m->nsnaps], 0, sizeof(cm_snapref));
+    m->snaps[m->nsnaps++].version = m->version;
+    r = 0;
+done:
+    cm_leave(m);
+    return r;
+}
+
+/* Hand each retired item to the next older live snapshot that still sees it, or free it. */
+static void cm_release_now(cm_map *m, uint32_t version) {
+    uint32_t k;
+    for (k = 0; k < m->nsnaps && m->snaps[k].version != version; k++) {}
+    if (k == m->nsnaps) return;
+    cm_snapref gone = m->snaps[k];
+    memmove(&m->snaps[k], &m->snaps[k + 1], (m->nsnaps - k - 1) * sizeof(cm_snapref));
+    m->nsnaps--;
+    m->required = m->nsnaps ? m->snaps[m->nsnaps - 1].version : 0;
+    cm_snapref *older = k > 0 ? &m->snaps[k - 1] : NULL;
+    for (size_t i = 0; i < gone.ents.n; i++) {
+        uint32_t e = gone.ents.a[i];
+        if (older && cm_ev(cm_E(m, e)) < older->version && cm_u32vec_push(&older->ents, e) == 0) continue;
+        PyErr_Clear();
+        cm_entry_free(m, e);
+    }
+    for (size_t i = 0; i < gone.pages.n; i++) {
+        cm_page *p = (cm_page *)gone.pages.a[i];
+        if (older && p->version < older->version && cm_ptrvec_push(&older->pages, p) == 0) continue;
+        PyErr_Clear();
+        cm_page_free(m, p);
+    }
+    PyMem_RawFree(gone.ents.a);
+    PyMem_RawFree(gone.pages.a);
+}
+
+static void cm_snap_free_views(cm_snap *s) {
+    PyMem_RawFree(s->primary.pages); s->primary.pages = NULL;
+    PyMem_RawFree(s->rehash.pages); s->rehash.pages = NULL;
+}
+
+/* Release a snapshot; deferred to the end of the running operation if busy. */
+static void cm_release(cm_map *m, cm_snap *s) {
+    cm_snap_free_views(s);
+    if (m->busy) {
+        if (cm_u32vec_push(&m->pending_release, s->version) == 0) return;
+        PyErr_Clear(); /* cannot defer: a leak beats freeing under a running operation */
+        return;
+    }
+    m->busy = 1;
+    cm_release_now(m, s->version);
+    cm_leave(m);
+}
+
+/* Position iterator over a snapshot: bucket by bucket, chain by chain. */
+typedef struct {
+    int phase;       /* 0 primary (from rehash_index), 1 rehash table, 2 done */
+    uint32_t b;      /* next bucket */
+    uint32_t e;      /* next entry in current chain, 0 = load next bucket */
+} cm_snapit;
+
+static void cm_snapit_init(const cm_snap *s, cm_snapit *it) {
+    it->phase = 0; it->b = s->rehash_index; it->e = 0;
+}
+
+/* Next entry index of the snapshot, 0 at the end. */
+static uint32_t cm_snapit_next(const cm_map *m, const cm_snap *s, cm_snapit *it) {
+    while (!it->e) {
+        const cm_tview *v = it->phase == 0 ? &s->primary : &s->rehash;
+        if (it->phase >= 2) return 0;
+        if (it->b >= v->capacity) {
+            it->phase = (it->phase == 0 && s->rehash.capacity) ? 1 : 2;
+            it->b = 0;
+            continue;
+        }
+        it->e = cm_tview_slot(v, it->b++);
+    }
+    uint32_t cur = it->e;
+    it->e = cm_E(m, cur)->next;
+    return cur;
+}
+
+static PyObject *cm_entry_key(const cm_entry *e) {
+    if (e->ev & CM_F_INTKEY) return PyLong_FromLongLong(e->key.i);
+    Py_INCREF(e->key.obj);
+    return e->key.obj;
+}
+
+static PyObject *cm_entry_tuple(const cm_entry *e, int with_ts) {
+    PyObject *k = cm_entry_key(e);
+    if (!k) return NULL;
+    if (with_ts) return Py_BuildValue("(NOOL)", k, e->ns, e->state, (long long)e->ts);
+    return Py_BuildValue("(NOO)", k, e->ns, e->state);
+}
+
+/* ------------------------------------------------- live-map iteration */
+
+/* Appends the entries of logical bucket j (hash mod base_cap == j) to `out`.
+ * Entries never change logical bucket when the table grows, so an iterator
+ * that walks logical buckets sees each entry once even if reads rehash. */
+static int cm_collect_logical(const cm_map *m, uint32_t base_cap, uint32_t j, PyObject *out) {
+    for (int tt = 0; tt < 2; tt++) {
+        const cm_table *t = tt == 0 ? &m->primary : &m->rehash;
+        if (!t->capacity) continue;
+        for (uint32_t b = j; b < t->capacity; b += base_cap) {
+            if (tt == 0 && b < m->rehash_index) continue;
+            for (uint32_t i = cm_slot_get(t, b); i; i = cm_E(m, i)->next) {
+                PyObject *tup = cm_entry_tuple(cm_E(m, i), 0);
+                if (!tup || PyList_Append(out, tup) < 0) { Py_XDECREF(tup); return -1; }
+                Py_DECREF(tup);
+            }
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------- incremental visitor */
+
+static void cm_cursor_reset(const cm_map *m, cm_cursor *c) {
+    c->phase = 0; c->cap = m->primary.capacity; c->pos = 0;
+}
+
+/* Finds the next non-empty bucket, scanning at most max_empty empty ones.
+ * Returns 1 with (*t, *b) set, 0 if the budget ran out, -1 when the visit is done.
+ * Every entry present for the whole visit is found at least once: when the
+ * table we walk grows, we continue at the same position in the larger table,
+ * which holds everything of the unvisited buckets (b -> b, b + cap). */
+static int cm_visit_next(const cm_map *m, cm_cursor *c, uint32_t max_empty, const cm_table **t, uint32_t *b) {
+    uint32_t scanned = 0;
+    for (;;) {
+        if (c->phase >= 2) return -1;
+        if (c->phase == 1) {
+            if (!m->rehash.capacity || m->rehash.capacity != c->cap) {
+                /* the rehash we walked has finished: that table is now primary */
+                c->phase = 0;
+            }
+        }
+        if (c->phase == 0 && m->primary.capacity != c->cap) c->cap = m->primary.capacity;
+        const cm_table *tab = c->phase == 0 ? &m->primary : &m->rehash;
+        if (c->phase == 0 && c->pos < m->rehash_index) c->pos = m->rehash_index;
+        while (c->pos < tab->capacity) {
+            uint32_t bb = c->pos++;
+            if (cm_slot_get(tab, bb)) { *t = tab; *b = bb; return 1; }
+            if (++scanned >= max_empty) return 0;
+        }
+        if (c->phase == 0 && m->rehash.capacity) {
+            c->phase = 1; c->pos = 0; c->cap = m->rehash.capacity;
+        } else {
+            c->phase = 2;
+        }
+    }
+}
+
+static PyObject *cm_chain_list(const cm_map *m, const cm_table *t, uint32_t b) {
+    PyObject *out = PyList_New(0);
+    if (!out) return NULL;
+    for (uint32_t i = cm_slot_get(t, b); i; i = cm_E(m, i)->next) {
+        PyObject *tup = cm_entry_tuple(cm_E(m, i), 0);
+        if (!tup || PyList_Append(out, tup) < 0) { Py_XDECREF(tup); Py_DECREF(out); return NULL; }
+        Py_DECREF(tup);
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------ TTL sweep */
+
+static inline int cm_expired(int64_t ts, int64_t ttl, int64_t now) {
+    /* ts + ttl <= now without overflow (ttl > 0) */
+    return ts <= INT64_MAX - ttl && ts + ttl <= now;
+}
+
+/* Removes expired entries of bucket b of t; returns the number removed and
+ * adds the chain length to *examined. */
+static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t now, int64_t ttl, Py_ssize_t *examined) {
+    Py_ssize_t removed = 0;
+    uint32_t prev = 0, i = cm_slot_get(t, b);
+    while (i) {
+        cm_entry *e = cm_E(m, i);
+        uint32_t next = e->next;
+        (*examined)++;
+        if (cm_expired(e->ts, ttl, now)) {
+            if (cm_unlink(m, t, b, i, prev) < 0) return -1;
+            removed++;
+            /* prev may have been copied by the unlink: find it again */
+            if (prev) {
+                uint32_t q = cm_slot_get(t, b), pq = 0;
+                while (q && q != next) { pq = q; q = cm_E(m, q)->next; }
+                prev = pq;
+            }
+        } else {
+            prev = i;
+        }
+        i = next;
+    }
+    return removed;
+}
+
+/* Flink's incremental cleanup: visit chains until max_entries entries were
+ * examined (or max_entries empty buckets scanned); wraps around at the end.
+ * max_entries < 0: one full pass. Never calls into Python for the check. */
+static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries) {
+    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return -1; }
+    if (cm_enter(m) < 0) return -1;
+    Py_ssize_t removed = 0, examined = 0;
+    int full = max_entries < 0;
+    if (full || m->sweep.phase >= 2 || m->sweep.cap == 0) cm_cursor_reset(m, &m->sweep);
+    uint32_t budget = full ? UINT32_MAX : (uint32_t)(max_entries > 0 ? max_entries : 1);
+    while (full || examined < max_entries) {
+        const cm_table *t; uint32_t b;
+        int r = cm_visit_next(m, &m->sweep, budget, &t, &b);
+        if (r < 0) { cm_cursor_reset(m, &m->sweep); if (full) break; m->sweep.phase = 2; break; }
+        if (r == 0) break;
+        Py_ssize_t n = cm_sweep_bucket(m, (cm_table *)t, b, now, ttl, &examined);
+        if (n < 0) { removed = -1; break; }
+        removed += n;
+    }
+    if (full) cm_cursor_reset(m, &m->sweep);
+    cm_leave(m);
+    return removed;
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static int cm_init(cm_map *m, uint32_t capacity) {
+    memset(m, 0, sizeof(*m));
+    if (capacity < CM_MIN_CAPACITY) capacity = CM_MIN_CAPACITY;
+    if (capacity > CM_MAX_CAPACITY) capacity = CM_MAX_CAPACITY;
+    uint32_t c = CM_MIN_CAPACITY;
+    while (c < capacity) c <<= 1;
+    if (cm_table_init(&m->primary, c) < 0) return -1;
+    cm_set_threshold(m, c);
+    m->next_unused = 1; /* index 0 means "none" */
+    cm_cursor_reset(m, &m->sweep);
+    m->sweep.phase = 2;
+    return 0;
+}
+
+static void cm_free_table_entries(cm_map *m, cm_table *t, uint32_t from) {
+    if (!t->capacity) return;
+    for (uint32_t b = from; b < t->capacity; b++) {
+        for (uint32_t i = cm_slot_get(t, b); i;) {
+            uint32_t n = cm_E(m, i)->next;
+            cm_entry_free(m, i);
+            i = n;
+        }
+    }
+}
+
+static void cm_free_table_pages(cm_map *m, cm_table *t) {
+    if (!t->pages) return;
+    for (uint32_t pi = 0; pi < t->npages; pi++)
+        if (t->pages[pi]) cm_page_free(m, t->pages[pi]);
+    PyMem_RawFree(t->pages);
+    t->pages = NULL;
+}
+
+/* Frees everything. Live snapshots hold the map alive, so none remain here;
+ * any leftover retire lists are freed too for safety. */
+static void cm_dealloc(cm_map *m) {
+    m->busy = 1;
+    cm_free_table_entries(m, &m->primary, m->rehash_index);
+    cm_free_table_entries(m, &m->rehash, 0);
+    while (m->nsnaps) cm_release_now(m, m->snaps[m->nsnaps - 1].version);
+    cm_free_table_pages(m, &m->primary);
+    cm_free_table_pages(m, &m->rehash);
+    for (uint32_t c = 0; c < m->nchunks; c++) PyMem_RawFree(m->chunks[c]);
+    PyMem_RawFree(m->chunks);
+    PyMem_RawFree(m->snaps);
+    PyMem_RawFree(m->pending_release.a);
+    Py_CLEAR(m->last_ns);
+    m->chunks = NULL; m->nchunks = 0; m->snaps = NULL; m->nsnaps = 0;
+    m->busy = 0;
+    while (m->grave.n) {
+        PyObject *o = (PyObject *)m->grave.a[--m->grave.n];
+        Py_DECREF(o);
+    }
+    PyMem_RawFree(m->grave.a);
+    m->grave.a = NULL;
+}
+
+static size_t cm_bytes(const cm_map *m) {
+    size_t b = (size_t)m->nchunks * CM_CHUNK_SIZE * sizeof(cm_entry) + m->chunks_cap * sizeof(void *);
+    b += (size_t)m->npages_live * sizeof(cm_page);
+    /* slot bytes: pages of the live tables are full-size; retired pages too */
+    b += (size_t)m->npages_live * (sizeof(uint32_t) << (m->primary.page_shift));
+    b += (size_t)m->primary.npages * sizeof(void *) + (size_t)m->rehash.npages * sizeof(void *);
+    return b;
+}
+
+#endif /* COWMAP_CORE_H */
