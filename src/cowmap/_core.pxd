@@ -13,8 +13,10 @@ cdef extern from "cowmap_core.h":
 
     ctypedef struct cm_cursor:
         int phase
-        uint32_t cap
         uint32_t pos
+
+    ctypedef struct cm_vpos:
+        int n
 
     ctypedef struct cm_map:
         cm_table primary
@@ -74,6 +76,6 @@ cdef extern from "cowmap_core.h":
 
     int cm_collect_logical(const cm_map *m, uint32_t base_cap, uint32_t j, object out) except -1
     void cm_cursor_reset(const cm_map *m, cm_cursor *c)
-    int cm_visit_next(const cm_map *m, cm_cursor *c, uint32_t max_empty, const cm_table **t, uint32_t *b)
-    object cm_chain_list(const cm_map *m, const cm_table *t, uint32_t b)
+    int cm_visit_next(cm_map *m, cm_cursor *c, uint32_t max_empty, cm_vpos *out)
+    object cm_chain_list(const cm_map *m, const cm_vpos *vp)
     size_t cm_bytes(const cm_map *m)

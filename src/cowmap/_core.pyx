@@ -33,6 +33,15 @@ NO_TIMESTAMP = CM_NO_TS
 cdef uint32_t _MAX_CAPACITY = 1 << 30
 
 
+cdef inline int64_t _as_ts(object ts, str what="ts") except? -1:
+    """An int64 timestamp; floats and other non-integers are rejected."""
+    if type(ts) is not int:
+        if isinstance(ts, (float, str, bytes)) or not hasattr(ts, "__index__"):
+            raise TypeError(f"{what} must be an int (milliseconds), not {type(ts).__name__}")
+        ts = ts.__index__()
+    return ts
+
+
 cdef class _Keys:
     """Holds a batch of keys as C data: an int64 buffer or a fast sequence."""
     cdef cm_keys ks
@@ -118,9 +127,9 @@ cdef class CopyOnWriteStateMap:
 
     # ---------------------------------------------------------- single keys
 
-    def put(self, key, namespace, state, int64_t ts=CM_NO_TS):
+    def put(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Map ``(key, namespace)`` to ``state`` with timestamp ``ts`` (ms). O(1) amortised."""
-        cm_put(&self.m, key, namespace, state, ts)
+        cm_put(&self.m, key, namespace, state, _as_ts(ts))
 
     def get(self, key, namespace):
         """The state of ``(key, namespace)`` or None. A state shared with a
@@ -135,9 +144,9 @@ cdef class CopyOnWriteStateMap:
         """The timestamp of ``(key, namespace)``, or None when absent."""
         return cm_timestamp(&self.m, key, namespace)
 
-    def set_timestamp(self, key, namespace, int64_t ts):
+    def set_timestamp(self, key, namespace, ts):
         """Set the timestamp of an existing entry; False when absent."""
-        return cm_set_timestamp(&self.m, key, namespace, ts) == 1
+        return cm_set_timestamp(&self.m, key, namespace, _as_ts(ts)) == 1
 
     def contains_key(self, key, namespace):
         """True if ``(key, namespace)`` is mapped (also when its state is None)."""
@@ -151,15 +160,15 @@ cdef class CopyOnWriteStateMap:
         """Remove ``(key, namespace)`` if present."""
         cm_remove(&self.m, key, namespace)
 
-    def put_and_get_old(self, key, namespace, state, int64_t ts=CM_NO_TS):
+    def put_and_get_old(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Put and return the previous state (a copy if shared with a snapshot), or None."""
-        return cm_put_and_get_old(&self.m, key, namespace, state, ts)
+        return cm_put_and_get_old(&self.m, key, namespace, state, _as_ts(ts))
 
     def remove_and_get_old(self, key, namespace):
         """Remove and return the previous state (a copy if shared with a snapshot), or None."""
         return cm_remove_and_get_old(&self.m, key, namespace)
 
-    def transform(self, key, namespace, value, fn, int64_t ts=CM_NO_TS):
+    def transform(self, key, namespace, value, fn, ts=NO_TIMESTAMP):
         """Set the state to ``fn(old_state_or_None, value)``.
 
         A shared state is copied before ``fn`` sees it. ``fn`` must not use
@@ -167,7 +176,7 @@ cdef class CopyOnWriteStateMap:
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-        cm_transform(&self.m, key, namespace, value, fn, ts)
+        cm_transform(&self.m, key, namespace, value, fn, _as_ts(ts))
 
     # ---------------------------------------------------------------- batch
 
@@ -180,14 +189,14 @@ cdef class CopyOnWriteStateMap:
         cdef _Keys k = _Keys(keys)
         return cm_get_many(&self.m, &k.ks, namespace)
 
-    def put_many(self, keys, namespace, states, int64_t ts=CM_NO_TS):
+    def put_many(self, keys, namespace, states, ts=NO_TIMESTAMP):
         """Put ``states[i]`` at ``(keys[i], namespace)`` for every i. O(len(keys))."""
         cdef _Keys k = _Keys(keys)
         seq = PySequence_Fast(states, "states must be a sequence")
         if PySequence_Fast_GET_SIZE(seq) != k.ks.n:
             raise ValueError(
                 f"keys and states differ in length ({k.ks.n} != {PySequence_Fast_GET_SIZE(seq)})")
-        cm_put_many(&self.m, &k.ks, namespace, PySequence_Fast_ITEMS(seq), ts)
+        cm_put_many(&self.m, &k.ks, namespace, PySequence_Fast_ITEMS(seq), _as_ts(ts))
 
     def contains_many(self, keys, namespace):
         """A numpy bool array: which ``keys`` are mapped in ``namespace``."""
@@ -205,7 +214,7 @@ cdef class CopyOnWriteStateMap:
 
     # ------------------------------------------------------------------ TTL
 
-    def sweep_expired(self, int64_t now, int64_t ttl, max_entries=5):
+    def sweep_expired(self, now, ttl, max_entries=5):
         """Remove entries with ``ts + ttl <= now`` (overflow-safe), incrementally.
 
         Each call examines about ``max_entries`` entries (whole bucket chains)
@@ -218,7 +227,7 @@ cdef class CopyOnWriteStateMap:
             n = max_entries
             if n < 0:
                 raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
-        return cm_sweep(&self.m, now, ttl, n)
+        return cm_sweep(&self.m, _as_ts(now, "now"), _as_ts(ttl, "ttl"), n)
 
     # ------------------------------------------------------------ whole map
 
@@ -426,8 +435,9 @@ cdef class _MapIterator:
 cdef class StateIncrementalVisitor:
     """Flink's ``StateIncrementalVisitor``: a few bucket chains per call.
 
-    ``next_entries()`` returns the ``(key, namespace, state)`` of one whole
-    chain, an empty list after ``max_empty_buckets`` empty buckets, or None
+    ``next_entries()`` returns the ``(key, namespace, state)`` of one position
+    (one whole chain; two while a rehash runs: the new bucket and the old one
+    not yet migrated), an empty list after ``max_empty_buckets`` empty buckets, or None
     when the visit is done. Tolerates changes and rehash: every entry present
     for the whole visit is returned at least once (around a rehash, some may
     be returned twice).
@@ -446,18 +456,17 @@ cdef class StateIncrementalVisitor:
 
     def next_entries(self):
         cdef cm_map *m = &self._map.m
-        cdef const cm_table *t = NULL
-        cdef uint32_t b = 0
+        cdef cm_vpos vp
         if not self.has_next():
             return None
         cm_enter(m)
         try:
-            r = cm_visit_next(m, &self.cur, self.max_empty, &t, &b)
+            r = cm_visit_next(m, &self.cur, self.max_empty, &vp)
             if r < 0:
                 return None
             if r == 0:
                 return []
-            return cm_chain_list(m, t, b)
+            return cm_chain_list(m, &vp)
         finally:
             cm_leave(m)
 

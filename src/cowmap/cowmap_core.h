@@ -31,11 +31,16 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #define CM_PAGE_MAX_BITS 9u
-#define CM_CHUNK_BITS 12u
-#define CM_CHUNK_SIZE (1u << CM_CHUNK_BITS)
-#define CM_CHUNK_MASK (CM_CHUNK_SIZE - 1u)
+/* Entry chunk c holds 64 << c entries: small maps stay small, big ones get
+ * few large chunks (backed by transparent huge pages where the OS allows). */
+#define CM_CHUNK0_BITS 6u
+#define CM_MAX_CHUNKS 27u
+#define CM_HUGE (2u << 20)
 #define CM_MIN_TRANSFER 4u
 #define CM_MIN_CAPACITY 4u
 #define CM_MAX_CAPACITY (1u << 30)
@@ -89,9 +94,8 @@ typedef struct {
 
 /* Position of an incremental visit; tolerant of rehash (see cm_visit_next). */
 typedef struct {
-    int phase;        /* 0: primary table, 1: rehash table, 2: done */
-    uint32_t cap;     /* capacity of the table being visited */
-    uint32_t pos;
+    int phase;        /* 0: visiting, 2: done */
+    uint32_t pos;     /* next position, numbered as buckets of the largest table */
 } cm_cursor;
 
 typedef struct {
@@ -102,15 +106,17 @@ typedef struct {
     uint32_t version;     /* Flink's stateMapVersion */
     uint32_t required;    /* highest version a live snapshot needs, 0 = none */
     uint64_t mod_count;   /* structural changes, for iterators */
-    cm_entry **chunks;
-    uint32_t nchunks, chunks_cap;
+    cm_entry *chunks[CM_MAX_CHUNKS];
+    void *chunks_raw[CM_MAX_CHUNKS];
+    uint32_t nchunks;
     uint32_t next_unused; /* next never-used entry index */
     uint32_t free_head, nfree;
     uint64_t npages_live; /* pages allocated and not yet freed */
     cm_snapref *snaps;    /* live snapshots, ascending versions */
     uint32_t nsnaps, snaps_cap;
     cm_u32vec pending_release;
-    PyObject *last_ns;    /* dedupes equal namespace objects (as Flink does) */
+    PyObject *last_ns;    /* borrowed: the namespace of entry last_ns_entry */
+    uint32_t last_ns_entry; /* dedupes equal namespace objects (as Flink does) */
     PyObject *copier;     /* borrowed from the Python wrapper; NULL = immutable states */
     int busy;
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
@@ -176,8 +182,17 @@ static inline Py_hash_t cm_int_hash(int64_t v) {
     return h;
 }
 
+static inline uint32_t cm_chunk_of(uint32_t i) {
+    return 31u - (uint32_t)__builtin_clz((i >> CM_CHUNK0_BITS) + 1u);
+}
+
+static inline uint32_t cm_chunk_start(uint32_t c) {
+    return ((1u << c) - 1u) << CM_CHUNK0_BITS;
+}
+
 static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
-    return m->chunks[i >> CM_CHUNK_BITS] + (i & CM_CHUNK_MASK);
+    uint32_t c = cm_chunk_of(i);
+    return m->chunks[c] + (i - cm_chunk_start(c));
 }
 
 static inline uint32_t cm_ev(const cm_entry *e) { return e->ev & CM_VMASK; }
@@ -257,17 +272,24 @@ static uint32_t cm_entry_alloc(cm_map *m) {
         PyErr_SetString(PyExc_MemoryError, "CopyOnWriteStateMap is full (2**32 - 1 entries)");
         return 0;
     }
-    uint32_t c = i >> CM_CHUNK_BITS;
+    uint32_t c = cm_chunk_of(i);
     if (c >= m->nchunks) {
-        if (m->nchunks == m->chunks_cap) {
-            uint32_t nc = m->chunks_cap ? m->chunks_cap * 2 : 16;
-            cm_entry **na = (cm_entry **)PyMem_RawRealloc(m->chunks, nc * sizeof(cm_entry *));
-            if (!na) { PyErr_NoMemory(); return 0; }
-            m->chunks = na; m->chunks_cap = nc;
+        size_t bytes = ((size_t)1 << (c + CM_CHUNK0_BITS)) * sizeof(cm_entry);
+        size_t extra = bytes >= CM_HUGE ? CM_HUGE : 0;
+        char *raw = (char *)PyMem_RawMalloc(bytes + extra);
+        if (!raw) { PyErr_NoMemory(); return 0; }
+        char *base = raw;
+        if (extra) {
+            /* align to 2 MiB so random access over millions of entries misses
+             * the TLB less (the kernel backs aligned ranges with huge pages) */
+            base = (char *)(((uintptr_t)raw + CM_HUGE - 1u) & ~(uintptr_t)(CM_HUGE - 1u));
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+            if (!getenv("CM_NOHUGE")) madvise(base, bytes & ~(size_t)(CM_HUGE - 1u), MADV_HUGEPAGE);
+#endif
         }
-        cm_entry *chunk = (cm_entry *)PyMem_RawMalloc(CM_CHUNK_SIZE * sizeof(cm_entry));
-        if (!chunk) { PyErr_NoMemory(); return 0; }
-        m->chunks[m->nchunks++] = chunk;
+        m->chunks_raw[c] = raw;
+        m->chunks[c] = (cm_entry *)base;
+        m->nchunks = c + 1;
     }
     m->next_unused = i + 1;
     return i;
@@ -514,11 +536,14 @@ static inline int cm_locate(cm_map *m, const cm_probe *p, cm_loc *loc, int rehas
 /* A new entry for probe p with state None (caller sets it); Flink's putEntry tail. */
 static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
     PyObject *ns = p->ns;
-    if (m->last_ns != ns) {
-        int r = m->last_ns ? PyObject_RichCompareBool(m->last_ns, ns, Py_EQ) : 0;
-        if (r < 0) return 0;
-        if (r) ns = m->last_ns;
-        else { Py_INCREF(ns); Py_XSETREF(m->last_ns, ns); }
+    if (m->last_ns_entry && m->last_ns != ns) {
+        /* last_ns is alive while the entry that took it still holds it */
+        const cm_entry *le = cm_E(m, m->last_ns_entry);
+        if (le->state && le->ns == m->last_ns) {
+            int r = PyObject_RichCompareBool(m->last_ns, ns, Py_EQ);
+            if (r < 0) return 0;
+            if (r) ns = m->last_ns;
+        }
     }
     PyObject *keyobj = p->key;
     m->mod_count++;
@@ -546,6 +571,8 @@ static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
     e->next = *slot;
     *slot = i;
     m->size++;
+    m->last_ns = ns;
+    m->last_ns_entry = i;
     return i;
 }
 
@@ -787,65 +814,269 @@ static int cm_probe_at(const cm_keys *ks, Py_ssize_t i, PyObject *ns, Py_hash_t 
     return 0;
 }
 
-static PyObject *cm_get_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
-    cm_probe p; cm_loc loc; Py_hash_t hn;
-    PyObject *out = PyList_New(ks->n);
-    if (!out) return NULL;
-    if (cm_enter(m) < 0) { Py_DECREF(out); return NULL; }
-    if (cm_probe_ns(&p, ns, &hn) < 0) goto fail;
-    for (Py_ssize_t i = 0; i < ks->n; i++) {
-        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || cm_locate(m, &p, &loc, 1) < 0) goto fail;
-        PyObject *s;
-        if (loc.found) {
-            if (!(s = cm_read_state(m, &p, &loc))) goto fail;
-        } else { s = Py_None; Py_INCREF(s); }
-        PyList_SET_ITEM(out, i, s);
+/* Software pipeline for int64 batches: hash key i+D and prefetch its slot,
+ * prefetch the head entry of key i+D/2 and the state of key i+D/4, so the
+ * cache misses of D keys overlap instead of running one after another.
+ * Prefetches are only hints: a rehash step in between cannot make them wrong. */
+#define CM_PF_D 32u
+#define CM_PF_RING 64u
+
+typedef struct { uint32_t h[CM_PF_RING]; Py_hash_t hn; } cm_pf;
+
+static inline uint32_t cm_pf_hash(const cm_keys *ks, Py_ssize_t i, Py_hash_t hn) {
+    return cm_composite(cm_int_hash(ks->ints[i]), hn);
+}
+
+static inline uint32_t cm_pf_head(const cm_map *m, uint32_t h) {
+    const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
+    return cm_slot_get(t, h & (t->capacity - 1u));
+}
+
+static inline void cm_pf_step(const cm_map *m, const cm_keys *ks, Py_ssize_t i, cm_pf *pf, int want_state) {
+    Py_ssize_t j = i + CM_PF_D;
+    if (j < ks->n) {
+        uint32_t h = cm_pf_hash(ks, j, pf->hn);
+        pf->h[j & (CM_PF_RING - 1u)] = h;
+        const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
+        uint32_t b = h & (t->capacity - 1u);
+        const cm_page *pg = t->pages[b >> t->page_shift];
+        if (pg) CM_PREFETCH(&pg->slots[b & ((1u << t->page_shift) - 1u)]);
     }
+    j = i + CM_PF_D / 2;
+    if (j < ks->n) {
+        uint32_t e = cm_pf_head(m, pf->h[j & (CM_PF_RING - 1u)]);
+        if (e) {
+            /* half of all 48-byte entries straddle two cache lines */
+            const char *ep = (const char *)cm_E(m, e);
+            CM_PREFETCH(ep);
+            CM_PREFETCH(ep + sizeof(cm_entry) - 1);
+        }
+    }
+    j = i + CM_PF_D / 4;
+    if (want_state && j < ks->n) {
+        uint32_t e = cm_pf_head(m, pf->h[j & (CM_PF_RING - 1u)]);
+        if (e) CM_PREFETCH(cm_E(m, e)->state);
+    }
+}
+
+static inline void cm_pf_init(const cm_keys *ks, cm_pf *pf, Py_hash_t hn) {
+    pf->hn = hn;
+    for (Py_ssize_t j = 0; j < ks->n && j < (Py_ssize_t)CM_PF_D; j++)
+        pf->h[j] = cm_pf_hash(ks, j, hn);
+}
+
+/* Probe for key i of a batch; for int64 batches also runs the prefetch pipeline. */
+static inline int cm_batch_probe(const cm_map *m, const cm_keys *ks, Py_ssize_t i, PyObject *ns,
+                                 cm_pf *pf, cm_probe *p, int want_state) {
+    if (ks->ints) {
+        cm_pf_step(m, ks, i, pf, want_state);
+        p->key = NULL; p->ikey = ks->ints[i]; p->is_int = 1; p->ns = ns;
+        p->hash = pf->h[i & (CM_PF_RING - 1u)];
+        return 0;
+    }
+    return cm_probe_at(ks, i, ns, pf->hn, p);
+}
+
+enum { CM_B_GET, CM_B_CONTAINS, CM_B_PUT };
+
+typedef struct {
+    int mode;
+    PyObject *ns;
+    Py_hash_t hn;
+    PyObject *out_list;     /* GET */
+    uint8_t *out_flags;     /* CONTAINS */
+    PyObject **states;      /* PUT */
+    int64_t ts;             /* PUT */
+} cm_batch;
+
+/* One key of a batch through the general path (rehash step, copy-on-write). */
+static int cm_batch_one(cm_map *m, const cm_batch *bt, const cm_probe *p, Py_ssize_t i) {
+    cm_loc loc;
+    if (bt->mode == CM_B_PUT) return cm_put_probe(m, p, bt->states[i], bt->ts, 1);
+    if (cm_locate(m, p, &loc, 1) < 0) return -1;
+    if (bt->mode == CM_B_CONTAINS) { bt->out_flags[i] = (uint8_t)loc.found; return 0; }
+    PyObject *s;
+    if (loc.found) { if (!(s = cm_read_state(m, p, &loc))) return -1; }
+    else { s = Py_None; Py_INCREF(s); }
+    PyList_SET_ITEM(bt->out_list, i, s);
+    return 0;
+}
+
+/* Keys [start, end) through the general path; int64 keys still prefetch. */
+static int cm_batch_general(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start, Py_ssize_t end) {
+    cm_probe p; cm_pf pf;
+    cm_keys sub = *ks;
+    if (ks->ints) { sub.ints = ks->ints + start; sub.n = end - start; cm_pf_init(&sub, &pf, bt->hn); }
+    else pf.hn = bt->hn;
+    for (Py_ssize_t i = start; i < end; i++) {
+        /* replaced states wait in the grave; release them now and then */
+        if ((i & 255) == 0 && m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
+        if (ks->ints) {
+            CM_PREFETCH(bt->mode == CM_B_PUT && i + (Py_ssize_t)CM_PF_D < end ? bt->states[i + CM_PF_D] : NULL);
+            cm_batch_probe(m, &sub, i - start, bt->ns, &pf, &p, bt->mode != CM_B_CONTAINS);
+        } else if (cm_probe_at(ks, i, bt->ns, bt->hn, &p) < 0) {
+            return -1;
+        }
+        if (cm_batch_one(m, bt, &p, i) < 0) return -1;
+    }
+    return 0;
+}
+
+/* The fast path applies while nothing can move: no rehash running, and no
+ * copy-on-write to do (puts need no live snapshot; gets no copier or none). */
+static inline int cm_fast_ok(const cm_map *m, int mode) {
+    if (m->rehash.capacity) return 0;
+    if (mode == CM_B_CONTAINS) return 1;
+    if (mode == CM_B_GET) return !m->copier || !m->required;
+    return !m->required;
+}
+
+#define CM_FD 48u     /* keys between hashing a key and resolving it */
+#define CM_FR 64u     /* ring size, power of two > CM_FD */
+
+/* Pipelined int64 batch over [start, n): each key is hashed once, its slot
+ * prefetched CM_FD keys ahead, its head entry CM_FD/2 ahead and (gets) its
+ * state CM_FD/4 ahead; the final step re-reads the slot, so entries added
+ * earlier in the same batch are seen. Returns the index where it stopped
+ * (n, or earlier when an insert started a rehash), or -1 on error. */
+static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
+    const Py_ssize_t n = ks->n;
+    const int64_t *keys = ks->ints;
+    const uint32_t nsmix = cm_fmix32(cm_fold(bt->hn));
+    const int mode = bt->mode;
+    uint32_t ring[CM_FR];
+    cm_probe p;
+    p.key = NULL; p.is_int = 1; p.ns = bt->ns;
+    for (Py_ssize_t i = start; i < n + (Py_ssize_t)CM_FD; i++) {
+        const cm_table *t = &m->primary;
+        const uint32_t cmask = t->capacity - 1u, shift = t->page_shift, pmask = (1u << shift) - 1u;
+        if (i < n) {
+            uint32_t h = cm_fmix32(cm_fold(cm_int_hash(keys[i])) ^ nsmix);
+            ring[i & (CM_FR - 1u)] = h;
+            const cm_page *pg = t->pages[(h & cmask) >> shift];
+            if (pg) CM_PREFETCH(&pg->slots[h & pmask]);
+            if (mode == CM_B_PUT) CM_PREFETCH(bt->states[i]);
+        }
+        Py_ssize_t j = i - (Py_ssize_t)(CM_FD / 2);
+        if (j >= start && j < n) {
+            uint32_t h = ring[j & (CM_FR - 1u)];
+            const cm_page *pg = t->pages[(h & cmask) >> shift];
+            uint32_t e = pg ? pg->slots[h & pmask] : 0u;
+            if (e) {
+                const char *ep = (const char *)cm_E(m, e);
+                CM_PREFETCH(ep);
+                CM_PREFETCH(ep + sizeof(cm_entry) - 1);
+            }
+        }
+        if (mode != CM_B_CONTAINS) {
+            j = i - (Py_ssize_t)(CM_FD * 3 / 4);
+            if (j >= start && j < n) {
+                uint32_t h = ring[j & (CM_FR - 1u)];
+                const cm_page *pg = t->pages[(h & cmask) >> shift];
+                uint32_t e = pg ? pg->slots[h & pmask] : 0u;
+                if (e) CM_PREFETCH(cm_E(m, e)->state);
+            }
+        }
+        j = i - (Py_ssize_t)CM_FD;
+        if (j < start) continue;
+        /* resolve key j */
+        uint32_t h = ring[j & (CM_FR - 1u)];
+        const cm_page *pg = t->pages[(h & cmask) >> shift];
+        uint32_t e = pg ? pg->slots[h & pmask] : 0u;
+        int64_t k = keys[j];
+        cm_entry *hit = NULL;
+        p.ikey = k; p.hash = h;
+        for (; e; e = cm_E(m, e)->next) {
+            cm_entry *x = cm_E(m, e);
+            if (x->hash != h) continue;
+            int r;
+            if (CM_LIKELY(x->ev & CM_F_INTKEY)) r = x->key.i == k;
+            else if ((r = cm_key_eq(x, &p)) < 0) return -1;
+            if (r && x->ns != bt->ns && (r = PyObject_RichCompareBool(x->ns, bt->ns, Py_EQ)) < 0) return -1;
+            if (r) { hit = x; break; }
+        }
+        if (mode == CM_B_GET) {
+            PyObject *s = hit ? hit->state : Py_None;
+            Py_INCREF(s);
+            PyList_SET_ITEM(bt->out_list, j, s);
+        } else if (mode == CM_B_CONTAINS) {
+            bt->out_flags[j] = hit != NULL;
+        } else {
+            PyObject *ns_state = bt->states[j];
+            if (!hit) {
+                uint32_t w = cm_add_entry(m, &p, &m->primary);
+                if (!w) return -1;
+                hit = cm_E(m, w);
+            }
+            if (hit->state != ns_state) {
+                Py_INCREF(ns_state);
+                cm_grave(m, hit->state);
+                hit->state = ns_state;
+            }
+            hit->sv = m->version;
+            hit->ts = bt->ts;
+            if (m->rehash.capacity) return j + 1; /* the insert started a rehash */
+            if ((j & 4095) == 4095 && m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
+        }
+    }
+    return n;
+}
+
+#define CM_GENERAL_BLOCK 256
+
+static int cm_batch_run(cm_map *m, const cm_keys *ks, cm_batch *bt) {
+    cm_probe p;
+    if (cm_enter(m) < 0) return -1;
+    int r = -1;
+    if (cm_probe_ns(&p, bt->ns, &bt->hn) < 0) goto done;
+    if (ks->ints && bt->mode != CM_B_PUT) {
+        /* gets move nothing but still owe one rehash step each: pay them first */
+        for (Py_ssize_t i = 0; i < ks->n && m->rehash.capacity; i++)
+            if (cm_rehash_step(m) < 0) goto done;
+    }
+    for (Py_ssize_t i = 0; i < ks->n;) {
+        if (ks->ints && cm_fast_ok(m, bt->mode)) {
+            Py_ssize_t stop = cm_batch_fast(m, ks, bt, i);
+            if (stop < 0) goto done;
+            i = stop;
+        } else {
+            Py_ssize_t end = ks->objs ? ks->n : (i + CM_GENERAL_BLOCK < ks->n ? i + CM_GENERAL_BLOCK : ks->n);
+            if (cm_batch_general(m, ks, bt, i, end) < 0) goto done;
+            i = end;
+        }
+    }
+    r = 0;
+done:
     cm_leave(m);
+    return r;
+}
+
+static PyObject *cm_get_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
+    PyObject *out = PyList_New(ks->n); /* NULL items until set: safe to drop on error */
+    if (!out) return NULL;
+    cm_batch bt = {CM_B_GET, ns, 0, out, NULL, NULL, 0};
+    if (cm_batch_run(m, ks, &bt) < 0) { Py_DECREF(out); return NULL; }
     return out;
-fail:
-    cm_leave(m);
-    Py_DECREF(out);
-    return NULL;
 }
 
 static int cm_put_many(cm_map *m, const cm_keys *ks, PyObject *ns, PyObject **states, int64_t ts) {
-    cm_probe p; Py_hash_t hn; int r = -1;
-    if (cm_enter(m) < 0) return -1;
-    if (cm_probe_ns(&p, ns, &hn) < 0) goto done;
-    for (Py_ssize_t i = 0; i < ks->n; i++) {
-        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || cm_put_probe(m, &p, states[i], ts, 1) < 0) goto done;
-        /* grave grows by one replaced state per key; keep it small */
-        if (m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
-    }
-    r = 0;
-done:
-    cm_leave(m);
-    return r;
+    cm_batch bt = {CM_B_PUT, ns, 0, NULL, NULL, states, ts};
+    return cm_batch_run(m, ks, &bt);
 }
 
-/* out[i] = 1/0; returns 0 or -1 */
 static int cm_contains_many(cm_map *m, const cm_keys *ks, PyObject *ns, uint8_t *out) {
-    cm_probe p; cm_loc loc; Py_hash_t hn; int r = -1;
-    if (cm_enter(m) < 0) return -1;
-    if (cm_probe_ns(&p, ns, &hn) < 0) goto done;
-    for (Py_ssize_t i = 0; i < ks->n; i++) {
-        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || cm_locate(m, &p, &loc, 1) < 0) goto done;
-        out[i] = (uint8_t)loc.found;
-    }
-    r = 0;
-done:
-    cm_leave(m);
-    return r;
+    cm_batch bt = {CM_B_CONTAINS, ns, 0, NULL, out, NULL, 0};
+    return cm_batch_run(m, ks, &bt);
 }
 
 static Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
-    cm_probe p; Py_hash_t hn; Py_ssize_t removed = 0;
+    cm_probe p; Py_hash_t hn; Py_ssize_t removed = 0; cm_pf pf;
     if (cm_enter(m) < 0) return -1;
     if (cm_probe_ns(&p, ns, &hn) < 0) { removed = -1; goto done; }
+    if (ks->ints) cm_pf_init(ks, &pf, hn); else pf.hn = hn;
     for (Py_ssize_t i = 0; i < ks->n; i++) {
         int r;
-        if (cm_probe_at(ks, i, ns, hn, &p) < 0 || (r = cm_remove_probe(m, &p, NULL, 1)) < 0) {
+        if (cm_batch_probe(m, ks, i, ns, &pf, &p, 1) < 0 || (r = cm_remove_probe(m, &p, NULL, 1)) < 0) {
             removed = -1;
             goto done;
         }
@@ -1024,47 +1255,48 @@ static int cm_collect_logical(const cm_map *m, uint32_t base_cap, uint32_t j, Py
 /* ------------------------------------------------- incremental visitor */
 
 static void cm_cursor_reset(const cm_map *m, cm_cursor *c) {
-    c->phase = 0; c->cap = m->primary.capacity; c->pos = 0;
+    c->phase = 0; c->pos = 0;
 }
 
-/* Finds the next non-empty bucket, scanning at most max_empty empty ones.
- * Returns 1 with (*t, *b) set, 0 if the budget ran out, -1 when the visit is done.
- * Every entry present for the whole visit is found at least once: when the
- * table we walk grows, we continue at the same position in the larger table,
- * which holds everything of the unvisited buckets (b -> b, b + cap). */
-static int cm_visit_next(const cm_map *m, cm_cursor *c, uint32_t max_empty, const cm_table **t, uint32_t *b) {
+/* Up to two buckets visited at one position: (rehash table, p) and (primary, p). */
+typedef struct { int n; cm_table *t[2]; uint32_t b[2]; } cm_vpos;
+
+/* Finds the next position holding entries, scanning at most max_empty empty
+ * positions. Returns 1 with `out` set, 0 if the budget ran out, -1 when done.
+ * Positions are bucket numbers of the largest table (the rehash table while
+ * rehashing). Position p covers bucket p of that table and, while rehashing,
+ * the unmigrated primary bucket p. A doubling sends bucket b to b or b + cap,
+ * never below b, so everything at positions >= pos stays there: each entry
+ * present for the whole visit is returned at least once (some twice). */
+static int cm_visit_next(cm_map *m, cm_cursor *c, uint32_t max_empty, cm_vpos *out) {
     uint32_t scanned = 0;
     for (;;) {
-        if (c->phase >= 2) return -1;
-        if (c->phase == 1) {
-            if (!m->rehash.capacity || m->rehash.capacity != c->cap) {
-                /* the rehash we walked has finished: that table is now primary */
-                c->phase = 0;
+        uint32_t largest = m->rehash.capacity ? m->rehash.capacity : m->primary.capacity;
+        if (c->phase >= 2 || c->pos >= largest) { c->phase = 2; return -1; }
+        uint32_t p = c->pos++;
+        out->n = 0;
+        if (m->rehash.capacity) {
+            if (cm_slot_get(&m->rehash, p)) { out->t[out->n] = &m->rehash; out->b[out->n++] = p; }
+            if (p < m->primary.capacity && p >= m->rehash_index && cm_slot_get(&m->primary, p)) {
+                out->t[out->n] = &m->primary; out->b[out->n++] = p;
             }
+        } else if (cm_slot_get(&m->primary, p)) {
+            out->t[0] = &m->primary; out->b[0] = p; out->n = 1;
         }
-        if (c->phase == 0 && m->primary.capacity != c->cap) c->cap = m->primary.capacity;
-        const cm_table *tab = c->phase == 0 ? &m->primary : &m->rehash;
-        if (c->phase == 0 && c->pos < m->rehash_index) c->pos = m->rehash_index;
-        while (c->pos < tab->capacity) {
-            uint32_t bb = c->pos++;
-            if (cm_slot_get(tab, bb)) { *t = tab; *b = bb; return 1; }
-            if (++scanned >= max_empty) return 0;
-        }
-        if (c->phase == 0 && m->rehash.capacity) {
-            c->phase = 1; c->pos = 0; c->cap = m->rehash.capacity;
-        } else {
-            c->phase = 2;
-        }
+        if (out->n) return 1;
+        if (++scanned >= max_empty) return 0;
     }
 }
 
-static PyObject *cm_chain_list(const cm_map *m, const cm_table *t, uint32_t b) {
+static PyObject *cm_chain_list(const cm_map *m, const cm_vpos *vp) {
     PyObject *out = PyList_New(0);
     if (!out) return NULL;
-    for (uint32_t i = cm_slot_get(t, b); i; i = cm_E(m, i)->next) {
-        PyObject *tup = cm_entry_tuple(cm_E(m, i), 0);
-        if (!tup || PyList_Append(out, tup) < 0) { Py_XDECREF(tup); Py_DECREF(out); return NULL; }
-        Py_DECREF(tup);
+    for (int k = 0; k < vp->n; k++) {
+        for (uint32_t i = cm_slot_get(vp->t[k], vp->b[k]); i; i = cm_E(m, i)->next) {
+            PyObject *tup = cm_entry_tuple(cm_E(m, i), 0);
+            if (!tup || PyList_Append(out, tup) < 0) { Py_XDECREF(tup); Py_DECREF(out); return NULL; }
+            Py_DECREF(tup);
+        }
     }
     return out;
 }
@@ -1110,17 +1342,20 @@ static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
     if (cm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
-    if (full || m->sweep.phase >= 2 || m->sweep.cap == 0) cm_cursor_reset(m, &m->sweep);
+    if (full || m->sweep.phase >= 2) cm_cursor_reset(m, &m->sweep);
     uint32_t budget = full ? UINT32_MAX : (uint32_t)(max_entries > 0 ? max_entries : 1);
     while (full || examined < max_entries) {
-        const cm_table *t; uint32_t b;
-        int r = cm_visit_next(m, &m->sweep, budget, &t, &b);
-        if (r < 0) { cm_cursor_reset(m, &m->sweep); if (full) break; m->sweep.phase = 2; break; }
+        cm_vpos vp;
+        int r = cm_visit_next(m, &m->sweep, budget, &vp);
+        if (r < 0) { m->sweep.phase = 2; break; } /* the next call starts a new round */
         if (r == 0) break;
-        Py_ssize_t n = cm_sweep_bucket(m, (cm_table *)t, b, now, ttl, &examined);
-        if (n < 0) { removed = -1; break; }
-        removed += n;
+        for (int k = 0; k < vp.n; k++) {
+            Py_ssize_t n = cm_sweep_bucket(m, vp.t[k], vp.b[k], now, ttl, &examined);
+            if (n < 0) { removed = -1; goto out; }
+            removed += n;
+        }
     }
+out:
     if (full) cm_cursor_reset(m, &m->sweep);
     cm_leave(m);
     return removed;
@@ -1137,8 +1372,8 @@ static int cm_init(cm_map *m, uint32_t capacity) {
     if (cm_table_init(&m->primary, c) < 0) return -1;
     cm_set_threshold(m, c);
     m->next_unused = 1; /* index 0 means "none" */
-    cm_cursor_reset(m, &m->sweep);
     m->sweep.phase = 2;
+    m->sweep.pos = 0;
     return 0;
 }
 
@@ -1170,12 +1405,10 @@ static void cm_dealloc(cm_map *m) {
     while (m->nsnaps) cm_release_now(m, m->snaps[m->nsnaps - 1].version);
     cm_free_table_pages(m, &m->primary);
     cm_free_table_pages(m, &m->rehash);
-    for (uint32_t c = 0; c < m->nchunks; c++) PyMem_RawFree(m->chunks[c]);
-    PyMem_RawFree(m->chunks);
+    for (uint32_t c = 0; c < m->nchunks; c++) PyMem_RawFree(m->chunks_raw[c]);
     PyMem_RawFree(m->snaps);
     PyMem_RawFree(m->pending_release.a);
-    Py_CLEAR(m->last_ns);
-    m->chunks = NULL; m->nchunks = 0; m->snaps = NULL; m->nsnaps = 0;
+    m->nchunks = 0; m->snaps = NULL; m->nsnaps = 0;
     m->busy = 0;
     while (m->grave.n) {
         PyObject *o = (PyObject *)m->grave.a[--m->grave.n];
@@ -1186,7 +1419,7 @@ static void cm_dealloc(cm_map *m) {
 }
 
 static size_t cm_bytes(const cm_map *m) {
-    size_t b = (size_t)m->nchunks * CM_CHUNK_SIZE * sizeof(cm_entry) + m->chunks_cap * sizeof(void *);
+    size_t b = (size_t)cm_chunk_start(m->nchunks) * sizeof(cm_entry);
     b += (size_t)m->npages_live * sizeof(cm_page);
     /* slot bytes: pages of the live tables are full-size; retired pages too */
     b += (size_t)m->npages_live * (sizeof(uint32_t) << (m->primary.page_shift));

@@ -1,0 +1,293 @@
+"""Batch operations: ``get_many``, ``put_many``, ``contains_many``, ``remove_many``.
+
+Each equals the single-entry operations applied in order. ``keys`` may be any sequence of
+hashable objects or an int64 numpy array (fast path); int64 keys are the same keys as the equal
+Python ints (CPython hash semantics, e.g. ``hash(-1) == -2``, reduction modulo 2**61 - 1).
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap
+from core_helpers import CountingCopier, fill_until_rehashing, map_contents
+
+EDGE_INTS = [
+    0,
+    1,
+    -1,
+    -2,
+    2,
+    2**31 - 1,
+    -(2**31),
+    2**32,
+    2**61 - 2,
+    2**61 - 1,  # hashes to 0
+    2**61,
+    2**62,
+    -(2**61) + 1,
+    -(2**61),
+    2**63 - 1,
+    -(2**63),
+    -(2**63) + 1,
+]
+
+
+def test_get_many_equals_get() -> None:
+    m = CopyOnWriteStateMap(capacity=4)
+    for k in range(0, 100, 2):
+        m.put(k, "ns", f"v{k}")
+    keys = list(range(-5, 105))
+    assert m.get_many(keys, "ns") == [m.get(k, "ns") for k in keys]
+    assert m.get_many(tuple(keys), "ns") == [m.get(k, "ns") for k in keys]
+    assert m.get_many(np.array(keys, dtype=np.int64), "ns") == [m.get(k, "ns") for k in keys]
+    assert m.get_many(keys, "other") == [None] * len(keys)
+
+
+def test_empty_batches() -> None:
+    m = CopyOnWriteStateMap()
+    m.put(1, 0, 1)
+    empty = np.array([], dtype=np.int64)
+    for keys in ([], (), empty):
+        assert m.get_many(keys, 0) == []
+        res = m.contains_many(keys, 0)
+        assert isinstance(res, np.ndarray) and res.dtype == np.bool_ and res.shape == (0,)
+        assert m.remove_many(keys, 0) == 0
+        m.put_many(keys, 0, [])
+    assert map_contents(m) == {(1, 0): 1}
+
+
+def test_put_many_equals_puts_in_order() -> None:
+    m = CopyOnWriteStateMap(capacity=4)
+    ref = CopyOnWriteStateMap(capacity=4)
+    keys = [3, "a", (1, 2), 3, 1.5, True, 1, "a"]  # duplicates: the last write wins
+    states = list(range(len(keys)))
+    m.put_many(keys, "ns", states, ts=12)
+    for k, st in zip(keys, states):
+        ref.put(k, "ns", st, 12)
+    assert map_contents(m) == map_contents(ref)
+    assert len(m) == len(ref) == 5
+    assert m.get(1, "ns") == 6  # True and 1 are the same key
+    assert m.get("a", "ns") == 7
+    for k in keys:
+        assert m.timestamp(k, "ns") == 12
+
+
+def test_put_many_default_timestamp() -> None:
+    m = CopyOnWriteStateMap()
+    m.put_many(np.arange(10, dtype=np.int64), 0, list(range(10)))
+    assert all(m.get_with_timestamp(k, 0) == (k, NO_TIMESTAMP) for k in range(10))
+
+
+def test_contains_many_returns_bool_array() -> None:
+    m = CopyOnWriteStateMap()
+    m.put_many([1, 2, 3], "n", [None, 0, False])  # falsy states still count
+    for keys in ([0, 1, 2, 3, 4], np.array([0, 1, 2, 3, 4], dtype=np.int64)):
+        res = m.contains_many(keys, "n")
+        assert isinstance(res, np.ndarray)
+        assert res.dtype == np.bool_
+        assert res.shape == (5,)
+        assert res.tolist() == [False, True, True, True, False]
+
+
+def test_remove_many_counts_and_removes() -> None:
+    m = CopyOnWriteStateMap()
+    m.put_many(list(range(10)), 0, list(range(10)))
+    assert m.remove_many([0, 1, 1, 50, 2], 0) == 3  # duplicate and absent keys are not counted
+    assert m.remove_many(np.array([3, 3, 4, -7], dtype=np.int64), 0) == 2
+    assert m.remove_many([5], "other-ns") == 0
+    assert map_contents(m) == {(k, 0): k for k in range(5, 10)}
+
+
+@pytest.mark.parametrize("keys", [EDGE_INTS, [k for k in EDGE_INTS if k < 0]])
+def test_numpy_int64_keys_are_python_int_keys(keys: list[int]) -> None:
+    arr = np.array(keys, dtype=np.int64)
+    # numpy -> Python
+    m = CopyOnWriteStateMap(capacity=4)
+    m.put_many(arr, "ns", [f"s{k}" for k in keys])
+    assert len(m) == len(keys)
+    for k in keys:
+        assert m.get(k, "ns") == f"s{k}", k
+        if float(k) == k:  # an exactly representable float is the same key too
+            assert m.get(float(k), "ns") == f"s{k}", k
+    assert map_contents(m) == {(k, "ns"): f"s{k}" for k in keys}
+    # Python -> numpy
+    m2 = CopyOnWriteStateMap(capacity=4)
+    for k in keys:
+        m2.put(k, "ns", f"s{k}")
+    assert m2.get_many(arr, "ns") == [f"s{k}" for k in keys]
+    assert m2.contains_many(arr, "ns").all()
+    assert m2.remove_many(arr[::2], "ns") == len(keys[::2])
+    assert map_contents(m2) == {(k, "ns"): f"s{k}" for k in keys[1::2]}
+
+
+def test_numpy_keys_mix_with_other_key_types() -> None:
+    m = CopyOnWriteStateMap()
+    m.put_many(np.array([1, 2, 3], dtype=np.int64), 0, ["a", "b", "c"])
+    m.put_many(["x", (1, 2), 2.0], 0, ["X", "T", "B2"])  # 2.0 == 2: overwrites
+    assert len(m) == 5
+    assert m.get_many([1, 2, 3, "x", (1, 2)], 0) == ["a", "B2", "c", "X", "T"]
+    assert m.get(np.int64(3), 0) == "c"
+    assert m.get_many(np.array([2], dtype=np.int64), 0) == ["B2"]
+
+
+def test_non_contiguous_and_other_dtype_arrays() -> None:
+    m = CopyOnWriteStateMap()
+    base = np.arange(20, dtype=np.int64)
+    m.put_many(base[::3], "ns", [int(k) for k in base[::3]])  # strided view
+    assert map_contents(m) == {(k, "ns"): k for k in range(0, 20, 3)}
+    assert m.get_many(base[::-1], "ns") == [k if k % 3 == 0 else None for k in range(19, -1, -1)]
+    # other integer dtypes are sequences of hashable numpy scalars equal to the ints
+    assert m.get_many(np.array([0, 3, 4], dtype=np.int32), "ns") == [0, 3, None]
+    assert m.contains_many(np.array([0, 3, 4], dtype=np.uint8), "ns").tolist() == [True, True, False]
+    assert m.remove_many(np.array([0, 3], dtype=np.int16), "ns") == 2
+
+
+def test_readonly_and_byteswapped_int64_arrays() -> None:
+    m = CopyOnWriteStateMap()
+    arr = np.arange(10, dtype=np.int64)
+    arr.flags.writeable = False
+    m.put_many(arr, 0, list(range(10)))
+    assert m.get_many(arr, 0) == list(range(10))
+    assert m.contains_many(arr, 0).all()
+    big_endian = np.arange(10, dtype=">i8")
+    assert m.get_many(big_endian, 0) == list(range(10))
+
+
+def test_two_dimensional_array_is_rejected() -> None:
+    m = CopyOnWriteStateMap()
+    m.put(1, 0, 1)
+    arr = np.arange(6, dtype=np.int64).reshape(2, 3)
+    with pytest.raises((TypeError, ValueError)):
+        m.get_many(arr, 0)
+    with pytest.raises((TypeError, ValueError)):
+        m.put_many(arr, 0, [1, 2])
+    assert map_contents(m) == {(1, 0): 1}
+
+
+def test_batches_across_rehash() -> None:
+    m = CopyOnWriteStateMap(capacity=4)
+    n = 50_000
+    keys = np.arange(n, dtype=np.int64) * 7 - n
+    m.put_many(keys, "ns", list(range(n)))  # many rehashes inside one batch
+    assert len(m) == n
+    assert m.get_many(keys, "ns") == list(range(n))
+    assert not m.contains_many(keys + 1, "ns").any()
+    # a batch of removes while a rehash is in flight
+    m2 = CopyOnWriteStateMap()
+    nxt = fill_until_rehashing(m2)
+    assert m2.remove_many(list(range(0, nxt, 2)), 0) == len(range(0, nxt, 2))
+    assert m2.get_many(np.arange(nxt, dtype=np.int64), 0) == [k if k % 2 else None for k in range(nxt)]
+    assert m.remove_many(keys[: n // 2], "ns") == n // 2
+    assert len(m) == n - n // 2
+
+
+def test_random_batches_match_single_ops() -> None:
+    rng = random.Random(5)
+    a = CopyOnWriteStateMap(capacity=4)  # batch ops
+    b = CopyOnWriteStateMap(capacity=4)  # single ops
+    for rnd in range(300):
+        ns = rng.choice([0, "x"])
+        n = rng.randrange(0, 40)
+        ints = [rng.randrange(-50, 50) for _ in range(n)]
+        use_numpy = rng.random() < 0.5
+        keys = np.array(ints, dtype=np.int64) if use_numpy else [rng.choice([k, str(k)]) for k in ints]
+        key_list = keys.tolist() if use_numpy else keys
+        op = rng.randrange(4)
+        if op == 0:
+            states = [rng.randrange(1000) for _ in key_list]
+            ts = rng.choice([None, rng.randrange(100)])
+            if ts is None:
+                a.put_many(keys, ns, states)
+            else:
+                a.put_many(keys, ns, states, ts=ts)
+            for k, st in zip(key_list, states):
+                b.put(k, ns, st, NO_TIMESTAMP if ts is None else ts)
+        elif op == 1:
+            assert a.get_many(keys, ns) == [b.get(k, ns) for k in key_list]
+        elif op == 2:
+            assert a.contains_many(keys, ns).tolist() == [b.contains_key(k, ns) for k in key_list]
+        else:
+            expected = 0
+            for k in key_list:
+                if b.contains_key(k, ns):
+                    b.remove(k, ns)
+                    expected += 1
+            assert a.remove_many(keys, ns) == expected
+        assert len(a) == len(b)
+    assert map_contents(a) == map_contents(b)
+    assert {(k, ns): a.timestamp(k, ns) for k, ns, _ in a} == {(k, ns): b.timestamp(k, ns) for k, ns, _ in b}
+
+
+def test_get_many_copy_on_write() -> None:
+    copier = CountingCopier(list)
+    m = CopyOnWriteStateMap(copier=copier)
+    originals = [[k] for k in range(5)]
+    m.put_many(np.arange(5, dtype=np.int64), 0, originals)
+    assert all(x is y for x, y in zip(m.get_many(np.arange(5, dtype=np.int64), 0), originals))
+    assert copier.calls == 0
+    with m.snapshot() as s:
+        got = m.get_many(np.arange(5, dtype=np.int64), 0)
+        assert copier.calls == 5
+        assert all(x == y and x is not y for x, y in zip(got, originals))
+        again = m.get_many([0, 1, 2, 3, 4], 0)
+        assert all(x is y for x, y in zip(got, again)) and copier.calls == 5
+        for st in got:
+            st.append("changed")
+        assert sorted(st for _, _, st in s) == [[k] for k in range(5)]
+    # put_many over shared entries does not copy states and does not touch the snapshot
+    with m.snapshot() as s2:
+        m.put_many([0, 1], 0, [["new0"], ["new1"]])
+        assert copier.calls == 5
+        assert sorted(st for _, _, st in s2) == [[k, "changed"] for k in range(5)]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_length_mismatch_is_value_error() -> None:
+    m = CopyOnWriteStateMap()
+    m.put(1, 0, "keep")
+    with pytest.raises(ValueError):
+        m.put_many([1, 2, 3], 0, ["a", "b"])
+    with pytest.raises(ValueError):
+        m.put_many(np.array([1, 2], dtype=np.int64), 0, ["a", "b", "c"])
+    assert map_contents(m) == {(1, 0): "keep"}
+
+
+@pytest.mark.parametrize(
+    "op",
+    [
+        lambda m, keys, ns: m.get_many(keys, ns),
+        lambda m, keys, ns: m.contains_many(keys, ns),
+        lambda m, keys, ns: m.remove_many(keys, ns),
+        lambda m, keys, ns: m.put_many(keys, ns, [0] * len(keys)),
+    ],
+    ids=["get_many", "contains_many", "remove_many", "put_many"],
+)
+def test_batch_type_errors(op) -> None:
+    m = CopyOnWriteStateMap()
+    m.put(1, 0, "keep")
+    with pytest.raises(TypeError):
+        op(m, [1, 2], None)  # None namespace
+    with pytest.raises(TypeError):
+        op(m, np.array([1, 2], dtype=np.int64), None)
+    with pytest.raises(TypeError):
+        op(m, [1, 2], [0])  # unhashable namespace
+    with pytest.raises(TypeError):
+        op(m, [None], 0)  # None key
+    with pytest.raises(TypeError):
+        op(m, [[1]], 0)  # unhashable key
+    assert m.get(1, 0) == "keep"
+
+
+def test_batch_non_sequence_arguments() -> None:
+    m = CopyOnWriteStateMap()
+    with pytest.raises(TypeError):
+        m.get_many(5, 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        m.put_many([1], 0, 5)  # type: ignore[arg-type]
+    assert len(m) == 0

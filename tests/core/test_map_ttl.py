@@ -1,0 +1,351 @@
+"""Per-entry timestamps and ``sweep_expired`` of ``cowmap.CopyOnWriteStateMap``.
+
+An entry is expired when ``ts + ttl <= now`` computed without overflow (inclusive bound);
+``NO_TIMESTAMP`` (2**63 - 1) never expires. Sweeps do bounded work per call, resume where the
+previous call stopped and wrap around.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap
+from core_helpers import map_contents, snapshot_contents_ts
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+def expired(ts: int, ttl: int, now: int) -> bool:
+    """The reference rule, in exact (unbounded) integer arithmetic."""
+    return ts + ttl <= now
+
+
+def sweep_until_done(m: CopyOnWriteStateMap, now: int, ttl: int, expected_removed: int, max_entries: int = 5) -> int:
+    """Call partial sweeps until ``expected_removed`` entries are gone; return the call count."""
+    removed = calls = 0
+    bound = 4 * (m.capacity + len(m)) + 100  # generous: every call examines >= 1 bucket/entry
+    while removed < expected_removed:
+        before = len(m)
+        r = m.sweep_expired(now, ttl, max_entries)
+        assert r == before - len(m), "return value must be the number of removed entries"
+        removed += r
+        calls += 1
+        assert calls <= bound, f"sweep made no progress: {removed}/{expected_removed} after {calls} calls"
+    assert removed == expected_removed
+    return calls
+
+
+# --------------------------------------------------------------------------- timestamps
+
+
+def test_timestamp_accessors() -> None:
+    m = CopyOnWriteStateMap()
+    assert m.timestamp("k", 0) is None
+    assert m.get_with_timestamp("k", 0) is None
+    assert m.set_timestamp("k", 0, 5) is False
+    assert not m.contains_key("k", 0) and len(m) == 0  # set_timestamp does not create
+
+    m.put("k", 0, "v")
+    assert m.timestamp("k", 0) == NO_TIMESTAMP
+    assert m.get_with_timestamp("k", 0) == ("v", NO_TIMESTAMP)
+    assert m.set_timestamp("k", 0, 42) is True
+    assert m.timestamp("k", 0) == 42
+    assert m.get("k", 0) == "v"
+    m.put("k", 0, "w", 7)
+    assert m.get_with_timestamp("k", 0) == ("w", 7)
+    m.put("k", 0, "x")  # a write without ts resets to NO_TIMESTAMP
+    assert m.timestamp("k", 0) == NO_TIMESTAMP
+    for ts in (INT64_MIN, -1, 0, INT64_MAX):
+        m.put("k", 0, "y", ts=ts)
+        assert m.timestamp("k", 0) == ts
+    m.remove("k", 0)
+    assert m.timestamp("k", 0) is None and m.get_with_timestamp("k", 0) is None
+
+
+def test_every_write_sets_the_timestamp() -> None:
+    m = CopyOnWriteStateMap()
+    m.put("a", 0, 1, 10)
+    assert m.put_and_get_old("a", 0, 2, 20) == 1
+    assert m.timestamp("a", 0) == 20
+    m.put_and_get_old("a", 0, 3)
+    assert m.timestamp("a", 0) == NO_TIMESTAMP
+    m.transform("a", 0, 1, lambda o, v: o + v, ts=30)
+    assert m.get_with_timestamp("a", 0) == (4, 30)
+    m.transform("a", 0, 1, lambda o, v: o + v)
+    assert m.get_with_timestamp("a", 0) == (5, NO_TIMESTAMP)
+    m.transform("new", 0, 1, lambda o, v: v, 31)
+    assert m.timestamp("new", 0) == 31
+    m.put_many(["a", "b"], 0, ["A", "B"], ts=40)
+    assert m.get_with_timestamp("a", 0) == ("A", 40) and m.get_with_timestamp("b", 0) == ("B", 40)
+    m.put_many(["a"], 0, ["A2"])
+    assert m.timestamp("a", 0) == NO_TIMESTAMP and m.timestamp("b", 0) == 40
+
+
+def test_set_timestamp_on_shared_entry_does_not_change_snapshot() -> None:
+    m = CopyOnWriteStateMap(copier=list)
+    m.put("k", 0, [1], 5)
+    with m.snapshot() as s:
+        assert m.set_timestamp("k", 0, 99)
+        assert m.get_with_timestamp("k", 0) == ([1], 99)
+        assert snapshot_contents_ts(s) == {("k", 0): ([1], 5)}
+
+
+# --------------------------------------------------------------------------- expiry rule
+
+
+@pytest.mark.parametrize(
+    ("ts", "ttl", "now"),
+    [
+        (100, 10, 110),  # inclusive: ts + ttl == now expires
+        (100, 10, 109),
+        (100, 10, 111),
+        (-50, 10, -40),  # negative timestamps and clocks
+        (-50, 10, -41),
+        (INT64_MIN, 1, INT64_MIN + 1),
+        (INT64_MIN, 1, INT64_MIN),
+        (INT64_MIN, INT64_MAX, -1),  # ts + ttl == -1
+        (INT64_MIN, INT64_MAX, -2),
+        (NO_TIMESTAMP, 1, INT64_MAX),  # never expires
+        (NO_TIMESTAMP, INT64_MAX, INT64_MAX),
+        (INT64_MAX - 10, 20, INT64_MAX),  # ts + ttl overflows int64: not expired
+        (INT64_MAX - 10, 10, INT64_MAX),  # ts + ttl == INT64_MAX == now: expired
+        (INT64_MAX - 10, 5, INT64_MAX),
+        (5, INT64_MAX, INT64_MAX),  # overflow
+        (0, INT64_MAX, INT64_MAX),  # exactly INT64_MAX: expired
+        (2**62, 2**62, INT64_MAX),  # 2**63 overflows: not expired
+    ],
+)
+def test_expiry_rule_is_inclusive_and_overflow_safe(ts: int, ttl: int, now: int) -> None:
+    m = CopyOnWriteStateMap()
+    m.put("k", "ns", "v", ts)
+    m.put("keep", "ns", "v")  # NO_TIMESTAMP
+    removed = m.sweep_expired(now, ttl, max_entries=None)
+    should = expired(ts, ttl, now)
+    assert removed == int(should)
+    assert m.contains_key("k", "ns") is (not should)
+    assert m.contains_key("keep", "ns")
+
+
+@pytest.mark.parametrize("ttl", [1, 50, 2**32, 2**62, INT64_MAX])
+@pytest.mark.parametrize("now", [0, INT64_MAX - 100, INT64_MAX])
+def test_timestamps_near_int64_max(ttl: int, now: int) -> None:
+    m = CopyOnWriteStateMap()
+    for i in range(100):
+        m.put(i, 0, i)  # NO_TIMESTAMP: never expires
+        m.put(i, 1, i, INT64_MAX - i)
+    n_expired = sum(expired(INT64_MAX - i, ttl, now) for i in range(100))
+    assert m.sweep_expired(now, ttl, None) == n_expired
+    for i in range(100):
+        assert m.contains_key(i, 0)
+        assert m.contains_key(i, 1) is not expired(INT64_MAX - i, ttl, now)
+
+
+@pytest.mark.parametrize("ttl", [0, -1, INT64_MIN])
+def test_non_positive_ttl_is_value_error(ttl: int) -> None:
+    m = CopyOnWriteStateMap()
+    m.put("k", 0, "v", 0)
+    with pytest.raises(ValueError):
+        m.sweep_expired(100, ttl)
+    with pytest.raises(ValueError):
+        m.sweep_expired(100, ttl, None)
+    assert m.contains_key("k", 0)
+
+
+def test_bad_sweep_argument_types() -> None:
+    m = CopyOnWriteStateMap()
+    m.put("k", 0, "v", 0)
+    with pytest.raises(TypeError):
+        m.sweep_expired("100", 10)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        m.sweep_expired(100, 1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        m.sweep_expired(100, 10, "5")  # type: ignore[arg-type]
+    assert m.contains_key("k", 0)
+
+
+def test_sweep_of_empty_map() -> None:
+    m = CopyOnWriteStateMap()
+    assert m.sweep_expired(10, 1) == 0
+    assert m.sweep_expired(10, 1, None) == 0
+    m.put(1, 1, 1, 0)
+    m.remove(1, 1)
+    assert m.sweep_expired(10, 1) == 0
+
+
+# --------------------------------------------------------------------------- full and partial sweeps
+
+
+def test_full_sweep_removes_exactly_the_expired() -> None:
+    rng = random.Random(7)
+    m = CopyOnWriteStateMap(capacity=4)
+    ts_of = {}
+    for k in range(5000):
+        ts = rng.choice([rng.randrange(-1000, 1000), NO_TIMESTAMP])
+        m.put(k, k % 5, k, ts)
+        ts_of[(k, k % 5)] = ts
+    now, ttl = 300, 100
+    exp = {key for key, ts in ts_of.items() if expired(ts, ttl, now)}
+    assert 0 < len(exp) < len(ts_of)
+    assert m.sweep_expired(now, ttl, max_entries=None) == len(exp)
+    assert set(map_contents(m)) == set(ts_of) - exp
+    assert m.sweep_expired(now, ttl, max_entries=None) == 0
+
+
+def test_one_partial_sweep_is_bounded() -> None:
+    m = CopyOnWriteStateMap()
+    for k in range(10_000):
+        m.put(k, 0, k, 0)
+    r = m.sweep_expired(1000, 1)  # max_entries defaults to 5
+    assert 1 <= r <= 50, f"one sweep with max_entries=5 removed {r} of 10000 expired entries"
+    assert len(m) == 10_000 - r
+    r2 = m.sweep_expired(1000, 1, max_entries=5)
+    assert 1 <= r2 <= 50
+    assert len(m) == 10_000 - r - r2
+
+
+@pytest.mark.parametrize("max_entries", [1, 5, 64])
+def test_partial_sweeps_eventually_remove_all_expired(max_entries: int) -> None:
+    rng = random.Random(max_entries)
+    m = CopyOnWriteStateMap()
+    expired_keys, live_keys = set(), set()
+    for k in range(3000):
+        if rng.random() < 0.5:
+            m.put(k, "ns", k, rng.randrange(0, 100))  # expired at now=200, ttl=100
+            expired_keys.add(k)
+        else:
+            m.put(k, "ns", k, rng.choice([100 + rng.randrange(1, 1000), NO_TIMESTAMP]))
+            live_keys.add(k)
+    per_call = []
+    removed = 0
+    calls = 0
+    while removed < len(expired_keys):
+        r = m.sweep_expired(200, 100, max_entries)
+        per_call.append(r)
+        removed += r
+        calls += 1
+        assert calls <= 4 * (m.capacity + 3000)
+        assert r <= max_entries + 45  # about max_entries (whole chains may add a few)
+    assert removed == len(expired_keys)
+    assert {k for (k, _ns) in map_contents(m)} == live_keys
+    # more sweeps (wrapping around several times) never remove an unexpired entry
+    for _ in range(2000):
+        assert m.sweep_expired(200, 100, max_entries) == 0
+    assert len(m) == len(live_keys)
+
+
+def test_sweeps_resume_and_wrap_around() -> None:
+    m = CopyOnWriteStateMap(capacity=1024)
+    for k in range(600):
+        m.put(k, 0, k, 0)
+    sweep_until_done(m, 10, 1, 600)
+    assert len(m) == 0
+    # new expired entries anywhere in the table are found by the continuing sweep
+    for k in range(600, 1200):
+        m.put(k, 0, k, 3)
+    for k in range(1200, 1300):
+        m.put(k, 0, k)
+    sweep_until_done(m, 10, 1, 600)
+    assert {k for k, _ in map_contents(m)} == set(range(1200, 1300))
+
+
+def test_sweep_progress_is_not_restarted_by_other_operations() -> None:
+    """Sweeping continues where the last call stopped, so interleaved lookups do not make it
+    re-examine the same entries forever: a few thousand calls clear everything."""
+    m = CopyOnWriteStateMap(capacity=8192)
+    for k in range(5000):
+        m.put(k, 0, k, 0)
+    removed = 0
+    calls = 0
+    while len(m):
+        removed += m.sweep_expired(5, 1, 5)
+        m.get(calls, 0)
+        m.contains_key(calls + 1, 0)
+        calls += 1
+        assert calls <= 8192 + 5000
+    assert removed == 5000
+
+
+def test_partial_sweeps_while_rehashing() -> None:
+    rng = random.Random(3)
+    m = CopyOnWriteStateMap(capacity=16)
+    live, dead = set(), set()
+    k = 0
+    saw_rehash = False
+    for rnd in range(4000):
+        ts = rng.choice([0, NO_TIMESTAMP, 500])
+        m.put(k, 1, k, ts)
+        (dead if ts == 0 else live).add(k)
+        k += 1
+        saw_rehash |= m.is_rehashing
+        before = len(m)
+        r = m.sweep_expired(100, 50, 3)
+        assert r == before - len(m)
+        if rnd % 50 == 0:
+            present = {key for key, _ in map_contents(m)}
+            assert live <= present, "an unexpired entry was swept"
+            assert present <= live | dead
+    assert saw_rehash
+    # with puts stopped, the sweep finishes the job
+    remaining_dead = {key for key, _ in map_contents(m)} - live
+    sweep_until_done(m, 100, 50, len(remaining_dead), max_entries=3)
+    assert {key for key, _ in map_contents(m)} == live
+
+
+@pytest.mark.parametrize("steps", [0, 1, 5])
+def test_full_sweep_while_rehashing(steps: int) -> None:
+    m = CopyOnWriteStateMap()
+    nxt = 0
+    while not m.is_rehashing:
+        m.put(nxt, 0, nxt, ts=nxt)
+        nxt += 1
+    for i in range(steps):
+        m.get(i, 0)  # a few rehash steps: entries in both tables
+    assert m.is_rehashing
+    n_expired = sum(expired(k, 10, 60) for k in range(nxt))
+    assert m.sweep_expired(60, 10, None) == n_expired
+    assert {k for k, _ in map_contents(m)} == {k for k in range(nxt) if not expired(k, 10, 60)}
+
+
+def test_snapshot_taken_before_sweep_keeps_swept_entries() -> None:
+    m = CopyOnWriteStateMap(capacity=4, copier=list)
+    for k in range(200):
+        m.put(k, "ns", [k], ts=k)
+    expected = {(k, "ns"): ([k], k) for k in range(200)}
+    with m.snapshot() as s:
+        assert m.sweep_expired(150, 50, None) == 101  # ts in 0..100
+        sweep_until_done(m, 199 + 50, 50, 99)
+        assert len(m) == 0
+        assert len(s) == 200
+        assert snapshot_contents_ts(s) == expected
+    # sweeping again after release still works on a fresh fill
+    for k in range(10):
+        m.put(k, "ns", [k], ts=0)
+    assert m.sweep_expired(1, 1, None) == 10
+
+
+def test_sweep_with_interleaved_snapshots() -> None:
+    m = CopyOnWriteStateMap(capacity=64, copier=list)
+    for k in range(1000):
+        m.put(k, 0, [k], ts=k % 10)
+    snaps = []
+    removed = 0
+    for i in range(300):
+        if i % 60 == 0:
+            snaps.append((m.snapshot(), map_contents_ts(m)))
+        removed += m.sweep_expired(5, 1, 5)  # ts <= 4 expires: 500 entries
+        if i % 90 == 45 and snaps:
+            s, _ = snaps.pop(0)
+            s.release()
+    for s, exp in snaps:
+        assert snapshot_contents_ts(s) == exp
+        s.release()
+    sweep_until_done(m, 5, 1, 500 - removed)
+    assert {k for k, _ in map_contents(m)} == {k for k in range(1000) if k % 10 >= 5}
+
+
+def map_contents_ts(m: CopyOnWriteStateMap) -> dict:
+    """``{(key, ns): (state, ts)}`` of the map, as a deep enough copy to compare later."""
+    return {(k, ns): (list(st), m.timestamp(k, ns)) for k, ns, st in list(m)}
