@@ -284,7 +284,7 @@ static uint32_t cm_entry_alloc(cm_map *m) {
              * the TLB less (the kernel backs aligned ranges with huge pages) */
             base = (char *)(((uintptr_t)raw + CM_HUGE - 1u) & ~(uintptr_t)(CM_HUGE - 1u));
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-            if (!getenv("CM_NOHUGE")) madvise(base, bytes & ~(size_t)(CM_HUGE - 1u), MADV_HUGEPAGE);
+            madvise(base, bytes & ~(size_t)(CM_HUGE - 1u), MADV_HUGEPAGE);
 #endif
         }
         m->chunks_raw[c] = raw;
