@@ -31,16 +31,15 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #define CM_PAGE_MAX_BITS 9u
-/* Entry chunk c holds 64 << c entries: small maps stay small, big ones get
- * few large chunks (backed by transparent huge pages where the OS allows). */
+/* Entry chunks: chunk c < CM_GEO_CHUNKS holds 64 << c entries, so small maps
+ * stay small; after that every chunk holds 1 << CM_BIG_BITS entries (3 MiB),
+ * so a big map reserves at most one chunk more than it uses. */
 #define CM_CHUNK0_BITS 6u
-#define CM_MAX_CHUNKS 27u
-#define CM_HUGE (2u << 20)
+#define CM_GEO_CHUNKS 11u
+#define CM_BIG_BITS (CM_CHUNK0_BITS + CM_GEO_CHUNKS - 1u)
+#define CM_GEO_END (((1u << CM_GEO_CHUNKS) - 1u) << CM_CHUNK0_BITS)
 #define CM_MIN_TRANSFER 4u
 #define CM_MIN_CAPACITY 4u
 #define CM_MAX_CAPACITY (1u << 30)
@@ -106,9 +105,8 @@ typedef struct {
     uint32_t version;     /* Flink's stateMapVersion */
     uint32_t required;    /* highest version a live snapshot needs, 0 = none */
     uint64_t mod_count;   /* structural changes, for iterators */
-    cm_entry *chunks[CM_MAX_CHUNKS];
-    void *chunks_raw[CM_MAX_CHUNKS];
-    uint32_t nchunks;
+    cm_entry **chunks;
+    uint32_t nchunks, chunks_cap;
     uint32_t next_unused; /* next never-used entry index */
     uint32_t free_head, nfree;
     uint64_t npages_live; /* pages allocated and not yet freed */
@@ -183,10 +181,12 @@ static inline Py_hash_t cm_int_hash(int64_t v) {
 }
 
 static inline uint32_t cm_chunk_of(uint32_t i) {
+    if (CM_LIKELY(i >= CM_GEO_END)) return CM_GEO_CHUNKS + ((i - CM_GEO_END) >> CM_BIG_BITS);
     return 31u - (uint32_t)__builtin_clz((i >> CM_CHUNK0_BITS) + 1u);
 }
 
 static inline uint32_t cm_chunk_start(uint32_t c) {
+    if (c >= CM_GEO_CHUNKS) return CM_GEO_END + ((c - CM_GEO_CHUNKS) << CM_BIG_BITS);
     return ((1u << c) - 1u) << CM_CHUNK0_BITS;
 }
 
@@ -274,22 +274,16 @@ static uint32_t cm_entry_alloc(cm_map *m) {
     }
     uint32_t c = cm_chunk_of(i);
     if (c >= m->nchunks) {
-        size_t bytes = ((size_t)1 << (c + CM_CHUNK0_BITS)) * sizeof(cm_entry);
-        size_t extra = bytes >= CM_HUGE ? CM_HUGE : 0;
-        char *raw = (char *)PyMem_RawMalloc(bytes + extra);
-        if (!raw) { PyErr_NoMemory(); return 0; }
-        char *base = raw;
-        if (extra) {
-            /* align to 2 MiB so random access over millions of entries misses
-             * the TLB less (the kernel backs aligned ranges with huge pages) */
-            base = (char *)(((uintptr_t)raw + CM_HUGE - 1u) & ~(uintptr_t)(CM_HUGE - 1u));
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-            madvise(base, bytes & ~(size_t)(CM_HUGE - 1u), MADV_HUGEPAGE);
-#endif
+        if (m->nchunks == m->chunks_cap) {
+            uint32_t nc = m->chunks_cap ? m->chunks_cap * 2 : 16;
+            cm_entry **na = (cm_entry **)PyMem_RawRealloc(m->chunks, nc * sizeof(cm_entry *));
+            if (!na) { PyErr_NoMemory(); return 0; }
+            m->chunks = na; m->chunks_cap = nc;
         }
-        m->chunks_raw[c] = raw;
-        m->chunks[c] = (cm_entry *)base;
-        m->nchunks = c + 1;
+        size_t n = c < CM_GEO_CHUNKS ? (size_t)1 << (c + CM_CHUNK0_BITS) : (size_t)1 << CM_BIG_BITS;
+        cm_entry *chunk = (cm_entry *)PyMem_RawMalloc(n * sizeof(cm_entry));
+        if (!chunk) { PyErr_NoMemory(); return 0; }
+        m->chunks[m->nchunks++] = chunk;
     }
     m->next_unused = i + 1;
     return i;
@@ -1405,7 +1399,9 @@ static void cm_dealloc(cm_map *m) {
     while (m->nsnaps) cm_release_now(m, m->snaps[m->nsnaps - 1].version);
     cm_free_table_pages(m, &m->primary);
     cm_free_table_pages(m, &m->rehash);
-    for (uint32_t c = 0; c < m->nchunks; c++) PyMem_RawFree(m->chunks_raw[c]);
+    for (uint32_t c = 0; c < m->nchunks; c++) PyMem_RawFree(m->chunks[c]);
+    PyMem_RawFree(m->chunks);
+    m->chunks = NULL;
     PyMem_RawFree(m->snaps);
     PyMem_RawFree(m->pending_release.a);
     m->nchunks = 0; m->snaps = NULL; m->nsnaps = 0;
@@ -1419,7 +1415,7 @@ static void cm_dealloc(cm_map *m) {
 }
 
 static size_t cm_bytes(const cm_map *m) {
-    size_t b = (size_t)cm_chunk_start(m->nchunks) * sizeof(cm_entry);
+    size_t b = (size_t)cm_chunk_start(m->nchunks) * sizeof(cm_entry) + m->chunks_cap * sizeof(void *);
     b += (size_t)m->npages_live * sizeof(cm_page);
     /* slot bytes: pages of the live tables are full-size; retired pages too */
     b += (size_t)m->npages_live * (sizeof(uint32_t) << (m->primary.page_shift));

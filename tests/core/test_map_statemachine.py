@@ -314,6 +314,33 @@ class PlainStateMachine(RuleBasedStateMachine):
                 seen[(k, ns)] = self.norm(s)
         assert seen == {key: v for key, (v, _) in self.model.items()}
 
+    @rule(
+        n=st.integers(1, 4),
+        new_keys=st.lists(st.integers(100, 400), max_size=40),
+        probes=st.lists(st.tuples(KEYS, NAMESPACES), min_size=1, max_size=4),
+    )
+    def visit_with_churn(self, n, new_keys, probes) -> None:
+        """A whole visit while puts (which may rehash) and lookups (rehash steps) happen between
+        the calls: every entry present throughout is returned at least once."""
+        present_throughout = set(self.model)
+        v = self.m.incremental_visitor(n)
+        seen = set()
+        calls = 0
+        while (batch := v.next_entries()) is not None:
+            calls += 1
+            assert calls <= 10_000
+            for k, ns, s in batch:
+                assert self.norm(s) == self.model[(k, ns)][0]
+                seen.add((k, ns))
+            if new_keys:
+                key = new_keys.pop()
+                self.m.put(key, "churn", None)
+                self.set_model(key, "churn", None, None)
+            k, ns = probes[calls % len(probes)]
+            self.m.get(k, ns)
+        missing = present_throughout - seen
+        assert not missing, f"visit missed entries present throughout: {missing}"
+
     # -- snapshots --------------------------------------------------------------------------
 
     @rule(target=snapshots)
