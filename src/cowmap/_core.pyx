@@ -283,6 +283,18 @@ cdef class CopyOnWriteStateMap:
     def copier(self):
         return self._copier
 
+    def reclaim(self, max_items=None):
+        """Free memory that released snapshots kept alive, now.
+
+        A release frees up to 4,096 retired entries/pages at once and queues
+        the rest, which later operations reclaim a few at a time (32 per call,
+        2 per key of a batch), so no single call pays for a large snapshot.
+        Call this at a convenient moment (e.g. after a checkpoint completes)
+        to reclaim everything, or ``max_items`` of it. Returns how many items
+        are still queued.
+        """
+        return cm_reclaim(&self.m, -1 if max_items is None else max_items)
+
     def memory_stats(self):
         """Entry and page counts and the bytes the core holds (excluding Python objects)."""
         total = self.m.next_unused - 1 - self.m.nfree
@@ -293,6 +305,7 @@ cdef class CopyOnWriteStateMap:
             "free_entries": self.m.nfree,
             "pages": self.m.npages_live,
             "snapshots": self.m.nsnaps,
+            "reclaim_pending": self.m.rq_items,
             "bytes": cm_bytes(&self.m),
         }
 

@@ -91,6 +91,18 @@ typedef struct {
     cm_ptrvec pages;  /* retired pages this snapshot owns */
 } cm_snapref;
 
+/* Retired items of a released snapshot, still to be handed on or freed. */
+typedef struct {
+    uint32_t version;
+    cm_u32vec ents;
+    cm_ptrvec pages;
+} cm_rqbatch;
+
+/* Items reclaimed at release itself, and per later operation: a release never
+ * pays for more than this at once, however much the snapshot kept alive. */
+#define CM_RECLAIM_EAGER 4096u
+#define CM_RECLAIM_PER_OP 32u
+
 /* Position of an incremental visit; tolerant of rehash (see cm_visit_next). */
 typedef struct {
     int phase;        /* 0: visiting, 2: done */
@@ -113,6 +125,9 @@ typedef struct {
     cm_snapref *snaps;    /* live snapshots, ascending versions */
     uint32_t nsnaps, snaps_cap;
     cm_u32vec pending_release;
+    cm_rqbatch *rq;       /* released snapshots' retired items, reclaimed bit by bit */
+    uint32_t nrq, rq_cap;
+    size_t rq_items;
     PyObject *last_ns;    /* borrowed: the namespace of entry last_ns_entry */
     uint32_t last_ns_entry; /* dedupes equal namespace objects (as Flink does) */
     PyObject *copier;     /* borrowed from the Python wrapper; NULL = immutable states */
@@ -489,6 +504,7 @@ static inline int cm_find(const cm_map *m, const cm_table *t, const cm_probe *p,
 /* --------------------------------------------------------- enter / leave */
 
 static void cm_release_now(cm_map *m, uint32_t version);
+static void cm_reclaim_some(cm_map *m, size_t budget);
 
 static inline int cm_enter(cm_map *m) {
     if (CM_UNLIKELY(m->busy)) {
@@ -506,6 +522,7 @@ static void cm_leave(cm_map *m) {
         uint32_t v = m->pending_release.a[--m->pending_release.n];
         cm_release_now(m, v);
     }
+    if (m->nrq) cm_reclaim_some(m, CM_RECLAIM_PER_OP);
     m->busy = 0;
     while (m->grave.n) {
         PyObject *o = (PyObject *)m->grave.a[--m->grave.n];
@@ -922,7 +939,7 @@ static inline int cm_fast_ok(const cm_map *m, int mode) {
     if (m->rehash.capacity) return 0;
     if (mode == CM_B_CONTAINS) return 1;
     if (mode == CM_B_GET) return !m->copier || !m->required;
-    return !m->required;
+    return 1; /* puts copy shared chains themselves */
 }
 
 #define CM_FD 48u     /* keys between hashing a key and resolving it */
@@ -1001,6 +1018,10 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
                 uint32_t w = cm_add_entry(m, &p, &m->primary);
                 if (!w) return -1;
                 hit = cm_E(m, w);
+            } else if (cm_ev(hit) < m->required) {
+                uint32_t w = cm_chain_cow(m, &m->primary, h & cmask, e);
+                if (!w) return -1;
+                hit = cm_E(m, w);
             }
             if (hit->state != ns_state) {
                 Py_INCREF(ns_state);
@@ -1039,6 +1060,7 @@ static int cm_batch_run(cm_map *m, const cm_keys *ks, cm_batch *bt) {
             i = end;
         }
     }
+    if (m->nrq) cm_reclaim_some(m, 2 * (size_t)ks->n);
     r = 0;
 done:
     cm_leave(m);
@@ -1140,7 +1162,7 @@ done:
     return r;
 }
 
-/* Hand each retired item to the next older live snapshot that still sees it, or free it. */
+/* Unregister a snapshot; its retired items join the reclaim queue (O(1)). */
 static void cm_release_now(cm_map *m, uint32_t version) {
     uint32_t k;
     for (k = 0; k < m->nsnaps && m->snaps[k].version != version; k++) {}
@@ -1149,21 +1171,70 @@ static void cm_release_now(cm_map *m, uint32_t version) {
     memmove(&m->snaps[k], &m->snaps[k + 1], (m->nsnaps - k - 1) * sizeof(cm_snapref));
     m->nsnaps--;
     m->required = m->nsnaps ? m->snaps[m->nsnaps - 1].version : 0;
-    cm_snapref *older = k > 0 ? &m->snaps[k - 1] : NULL;
-    for (size_t i = 0; i < gone.ents.n; i++) {
-        uint32_t e = gone.ents.a[i];
-        if (older && cm_ev(cm_E(m, e)) < older->version && cm_u32vec_push(&older->ents, e) == 0) continue;
-        PyErr_Clear();
-        cm_entry_free(m, e);
+    if (!gone.ents.n && !gone.pages.n) {
+        PyMem_RawFree(gone.ents.a);
+        PyMem_RawFree(gone.pages.a);
+        return;
     }
-    for (size_t i = 0; i < gone.pages.n; i++) {
-        cm_page *p = (cm_page *)gone.pages.a[i];
-        if (older && p->version < older->version && cm_ptrvec_push(&older->pages, p) == 0) continue;
-        PyErr_Clear();
-        cm_page_free(m, p);
+    if (m->nrq == m->rq_cap) {
+        uint32_t nc = m->rq_cap ? m->rq_cap * 2 : 4;
+        cm_rqbatch *na = (cm_rqbatch *)PyMem_RawRealloc(m->rq, nc * sizeof(cm_rqbatch));
+        if (!na) {
+            /* cannot queue: reclaim right here instead */
+            PyErr_Clear();
+            cm_rqbatch tmp = {version, gone.ents, gone.pages};
+            cm_rqbatch *save = m->rq; uint32_t sn = m->nrq;
+            m->rq = &tmp; m->nrq = 1;
+            cm_reclaim_some(m, (size_t)-1);
+            m->rq = save; m->nrq = sn;
+            return;
+        }
+        m->rq = na; m->rq_cap = nc;
     }
-    PyMem_RawFree(gone.ents.a);
-    PyMem_RawFree(gone.pages.a);
+    m->rq[m->nrq].version = version;
+    m->rq[m->nrq].ents = gone.ents;
+    m->rq[m->nrq].pages = gone.pages;
+    m->nrq++;
+    m->rq_items += gone.ents.n + gone.pages.n;
+}
+
+/* Hand up to `budget` queued items to the next older live snapshot that still
+ * sees them (made before it), or free them. */
+static void cm_reclaim_some(cm_map *m, size_t budget) {
+    while (budget && m->nrq) {
+        cm_rqbatch *b = &m->rq[m->nrq - 1];
+        cm_snapref *older = NULL;
+        for (uint32_t k = m->nsnaps; k-- > 0;)
+            if (m->snaps[k].version < b->version) { older = &m->snaps[k]; break; }
+        while (budget && b->ents.n) {
+            uint32_t e = b->ents.a[--b->ents.n];
+            budget--; m->rq_items--;
+            if (older && cm_ev(cm_E(m, e)) < older->version && cm_u32vec_push(&older->ents, e) == 0) continue;
+            PyErr_Clear();
+            cm_entry_free(m, e);
+        }
+        while (budget && b->pages.n) {
+            cm_page *p = (cm_page *)b->pages.a[--b->pages.n];
+            budget--; m->rq_items--;
+            if (older && p->version < older->version && cm_ptrvec_push(&older->pages, p) == 0) continue;
+            PyErr_Clear();
+            cm_page_free(m, p);
+        }
+        if (!b->ents.n && !b->pages.n) {
+            PyMem_RawFree(b->ents.a);
+            PyMem_RawFree(b->pages.a);
+            m->nrq--;
+        }
+    }
+}
+
+/* Reclaim up to `budget` queued items now (all when budget < 0); returns how many remain. */
+static Py_ssize_t cm_reclaim(cm_map *m, Py_ssize_t budget) {
+    if (cm_enter(m) < 0) return -1;
+    cm_reclaim_some(m, budget < 0 ? (size_t)-1 : (size_t)budget);
+    Py_ssize_t left = (Py_ssize_t)m->rq_items;
+    cm_leave(m);
+    return left;
 }
 
 static void cm_snap_free_views(cm_snap *s) {
@@ -1181,6 +1252,7 @@ static void cm_release(cm_map *m, cm_snap *s) {
     }
     m->busy = 1;
     cm_release_now(m, s->version);
+    cm_reclaim_some(m, CM_RECLAIM_EAGER);
     cm_leave(m);
 }
 
@@ -1397,6 +1469,9 @@ static void cm_dealloc(cm_map *m) {
     cm_free_table_entries(m, &m->primary, m->rehash_index);
     cm_free_table_entries(m, &m->rehash, 0);
     while (m->nsnaps) cm_release_now(m, m->snaps[m->nsnaps - 1].version);
+    cm_reclaim_some(m, (size_t)-1);
+    PyMem_RawFree(m->rq);
+    m->rq = NULL;
     cm_free_table_pages(m, &m->primary);
     cm_free_table_pages(m, &m->rehash);
     for (uint32_t c = 0; c < m->nchunks; c++) PyMem_RawFree(m->chunks[c]);

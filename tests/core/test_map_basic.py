@@ -885,6 +885,36 @@ def test_snapshot_is_isolated_from_later_changes() -> None:
     s.release()
 
 
+def test_snapshots_of_a_large_map() -> None:
+    """Many buckets (many pages of a paged table), scattered writes, a rehash while two
+    snapshots are live: each snapshot keeps exactly its own contents."""
+    m = CopyOnWriteStateMap(copier=list)
+    n = 30_000
+    m.put_many(list(range(n)), "ns", [[k] for k in range(n)])
+    finish_rehash(m)
+    s1 = m.snapshot()
+    exp1 = {(k, "ns"): [k] for k in range(n)}
+    for k in range(0, n, 97):
+        m.get(k, "ns").append("a")
+    for k in range(5, n, 101):
+        m.remove(k, "ns")
+    s2 = m.snapshot()
+    exp2 = {key: list(st) for key, st in map_contents(m).items()}
+    k = n
+    while not m.is_rehashing:  # grow until a rehash starts, then go on while it runs
+        m.put(k, "ns", [k])
+        k += 1
+    while m.is_rehashing:
+        m.put(k, "ns", [k])
+        m.get(k - n, "ns").append("b") if m.contains_key(k - n, "ns") else None
+        k += 1
+    assert len(s1) == len(exp1) and snapshot_contents(s1) == exp1
+    assert len(s2) == len(exp2) and snapshot_contents(s2) == exp2
+    s1.release()
+    assert snapshot_contents(s2) == exp2
+    s2.release()
+
+
 def test_snapshot_of_empty_map() -> None:
     m = CopyOnWriteStateMap()
     with m.snapshot() as s:

@@ -185,6 +185,54 @@ def test_batches_across_rehash() -> None:
     assert len(m) == n - n // 2
 
 
+def test_numpy_batches_while_rehashing_and_sharing() -> None:
+    """The int64 fast path must give the same results while a rehash is in flight and while
+    entries are shared with a snapshot (copy-on-write)."""
+    m = CopyOnWriteStateMap(copier=list)
+    nxt = fill_until_rehashing(m)  # states are the int keys
+    assert m.is_rehashing
+    # small batches (each key is one operation, i.e. one rehash step) while the rehash runs
+    start = 0
+    batches = 0
+    while m.is_rehashing:
+        ks = [(start + i * 37) % (nxt + 6) - 3 for i in range(2)]
+        start += 1
+        arr = np.array(ks, dtype=np.int64)
+        if batches % 2:
+            assert m.get_many(arr, 0) == [k if 0 <= k < nxt else None for k in ks]
+        else:
+            assert m.contains_many(arr, 0).tolist() == [0 <= k < nxt for k in ks]
+        batches += 1
+    assert batches >= 2
+    assert m.get_many(np.arange(nxt, dtype=np.int64), 0) == list(range(nxt))
+
+    for k in range(nxt):
+        m.put(k, 0, [k])
+    with m.snapshot() as s:
+        got = m.get_many(np.arange(nxt, dtype=np.int64), 0)
+        for st in got:
+            st.append("mutated")
+        m.put_many(np.arange(0, nxt, 2, dtype=np.int64), 0, [["new"]] * len(range(0, nxt, 2)))
+        assert m.remove_many(np.arange(1, nxt, 4, dtype=np.int64), 0) == len(range(1, nxt, 4))
+        assert {k: st for k, _, st in s} == {k: [k] for k in range(nxt)}
+    expected = {}
+    for k in range(nxt):
+        if k % 2 == 0:
+            expected[(k, 0)] = ["new"]
+        elif k % 4 != 1:
+            expected[(k, 0)] = [k, "mutated"]
+    assert map_contents(m) == expected
+
+    # a numpy put_many that starts (and finishes) a rehash in the middle of the batch
+    m2 = CopyOnWriteStateMap()
+    m2.put_many(np.arange(97, dtype=np.int64), 0, list(range(97)))
+    assert not m2.is_rehashing
+    with m2.snapshot() as s2:
+        m2.put_many(np.arange(97, 400, dtype=np.int64), 0, list(range(97, 400)))
+        assert len(s2) == 97 and {k for k, _, _ in s2} == set(range(97))
+    assert m2.get_many(np.arange(400, dtype=np.int64), 0) == list(range(400))
+
+
 def test_random_batches_match_single_ops() -> None:
     rng = random.Random(5)
     a = CopyOnWriteStateMap(capacity=4)  # batch ops

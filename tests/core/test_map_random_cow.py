@@ -159,17 +159,17 @@ def run_random_cow(
 
 
 def test_random_modifications_and_copy_on_write_isolation() -> None:
-    """1,000,000 operations on keys [0, 20) x namespaces [0, 4), as in Flink's test."""
-    run_random_cow(n_ops=1_000_000, seed=42, capacity=4, key_space=lambda i: 20)
+    """3,000,000 operations on keys [0, 20) x namespaces [0, 4), as in Flink's test."""
+    run_random_cow(n_ops=3_000_000, seed=42, capacity=4, key_space=lambda i: 20)
 
 
 def test_random_modifications_while_growing() -> None:
     """A key space that keeps growing makes the map rehash again and again with snapshots live."""
     saw = run_random_cow(
-        n_ops=150_000,
+        n_ops=300_000,
         seed=7,
         capacity=4,
         key_space=lambda i: 20 + i // 50,
-        check_every=2_500,
+        check_every=5_000,
     )
     assert saw, "the scenario should rehash while snapshots are live"

@@ -459,8 +459,8 @@ class CopierStateMachine(PlainStateMachine):
 
 
 _SETTINGS = settings(
-    max_examples=120,
-    stateful_step_count=60,
+    max_examples=400,
+    stateful_step_count=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

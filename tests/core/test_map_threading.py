@@ -55,7 +55,7 @@ def test_snapshot_read_in_other_thread_while_owner_writes(fast_switching) -> Non
     next_key = [0]
     for _ in range(3000):
         writer_step(m, rng, next_key)
-    for rnd in range(12):
+    for rnd in range(8):
         expected = deep_contents(m)
         s = m.snapshot()
         results: list = []
