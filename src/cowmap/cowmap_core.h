@@ -52,7 +52,9 @@
 #define CM_LIKELY(x) __builtin_expect(!!(x), 1)
 #define CM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define CM_PREFETCH(p) __builtin_prefetch(p)
+#define CM_PREFETCH_W(p) __builtin_prefetch(p, 1)
 #else
+#define CM_PREFETCH_W(p) ((void)0)
 #define CM_LIKELY(x) (x)
 #define CM_UNLIKELY(x) (x)
 #define CM_PREFETCH(p) ((void)0)
@@ -944,12 +946,16 @@ static inline int cm_fast_ok(const cm_map *m, int mode) {
 
 #define CM_FD 48u     /* keys between hashing a key and resolving it */
 #define CM_FR 64u     /* ring size, power of two > CM_FD */
+#define CM_FSTATE 8u  /* keys between prefetching a put's old state and the write */
 
-/* Pipelined int64 batch over [start, n): each key is hashed once, its slot
- * prefetched CM_FD keys ahead, its head entry CM_FD/2 ahead and (gets) its
- * state CM_FD/4 ahead; the final step re-reads the slot, so entries added
- * earlier in the same batch are seen. Returns the index where it stopped
- * (n, or earlier when an insert started a rehash), or -1 on error. */
+/* Pipelined int64 batch over [start, n): each key is hashed once; its slot is
+ * prefetched CM_FD keys before the key is resolved, its head entry (both cache
+ * lines) CM_FD/3 later and, for puts, the old state CM_FSTATE keys before the
+ * write. The final step re-reads the slot, so entries added earlier in the
+ * same batch are seen. Gets store borrowed states and take the references in
+ * a second streaming pass (cm_batch_fast_refs), where the misses on scattered
+ * state objects overlap. Returns the index where it stopped (n, or earlier
+ * when an insert started a rehash), or -1 on error. */
 static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
     const Py_ssize_t n = ks->n;
     const int64_t *keys = ks->ints;
@@ -968,7 +974,7 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             if (pg) CM_PREFETCH(&pg->slots[h & pmask]);
             if (mode == CM_B_PUT) CM_PREFETCH(bt->states[i]);
         }
-        Py_ssize_t j = i - (Py_ssize_t)(CM_FD / 2);
+        Py_ssize_t j = i - (Py_ssize_t)(CM_FD / 3);
         if (j >= start && j < n) {
             uint32_t h = ring[j & (CM_FR - 1u)];
             const cm_page *pg = t->pages[(h & cmask) >> shift];
@@ -979,13 +985,13 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
                 CM_PREFETCH(ep + sizeof(cm_entry) - 1);
             }
         }
-        if (mode != CM_B_CONTAINS) {
-            j = i - (Py_ssize_t)(CM_FD * 3 / 4);
+        if (mode == CM_B_PUT) {
+            j = i - (Py_ssize_t)(CM_FD - CM_FSTATE);
             if (j >= start && j < n) {
                 uint32_t h = ring[j & (CM_FR - 1u)];
                 const cm_page *pg = t->pages[(h & cmask) >> shift];
                 uint32_t e = pg ? pg->slots[h & pmask] : 0u;
-                if (e) CM_PREFETCH(cm_E(m, e)->state);
+                if (e) CM_PREFETCH_W(cm_E(m, e)->state); /* the old state's refcount is written */
             }
         }
         j = i - (Py_ssize_t)CM_FD;
@@ -1007,9 +1013,9 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             if (r) { hit = x; break; }
         }
         if (mode == CM_B_GET) {
-            PyObject *s = hit ? hit->state : Py_None;
-            Py_INCREF(s);
-            PyList_SET_ITEM(bt->out_list, j, s);
+            /* borrowed for now: cm_batch_fast_get takes the references in a
+             * second, streaming pass whose cache misses overlap */
+            PyList_SET_ITEM(bt->out_list, j, hit ? hit->state : Py_None);
         } else if (mode == CM_B_CONTAINS) {
             bt->out_flags[j] = hit != NULL;
         } else {
@@ -1037,6 +1043,31 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
     return n;
 }
 
+/* INCREF out[start, stop): independent read-modify-writes, prefetched ahead. */
+static void cm_incref_range(PyObject *out, Py_ssize_t start, Py_ssize_t stop) {
+    PyObject **items = ((PyListObject *)out)->ob_item;
+    for (Py_ssize_t i = start; i < stop; i++) {
+        if (i + 16 < stop) CM_PREFETCH_W(items[i + 16]);
+        Py_INCREF(items[i]);
+    }
+}
+
+static Py_ssize_t cm_batch_fast_refs(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
+    Py_ssize_t stop = cm_batch_fast(m, ks, bt, start);
+    if (bt->mode == CM_B_GET) {
+        if (stop < 0) {
+            /* the failing key and those after it were never set */
+            PyObject **items = ((PyListObject *)bt->out_list)->ob_item;
+            Py_ssize_t i = start;
+            while (i < ks->n && items[i]) i++;
+            cm_incref_range(bt->out_list, start, i);
+        } else {
+            cm_incref_range(bt->out_list, start, stop);
+        }
+    }
+    return stop;
+}
+
 #define CM_GENERAL_BLOCK 256
 
 static int cm_batch_run(cm_map *m, const cm_keys *ks, cm_batch *bt) {
@@ -1051,7 +1082,7 @@ static int cm_batch_run(cm_map *m, const cm_keys *ks, cm_batch *bt) {
     }
     for (Py_ssize_t i = 0; i < ks->n;) {
         if (ks->ints && cm_fast_ok(m, bt->mode)) {
-            Py_ssize_t stop = cm_batch_fast(m, ks, bt, i);
+            Py_ssize_t stop = cm_batch_fast_refs(m, ks, bt, i);
             if (stop < 0) goto done;
             i = stop;
         } else {

@@ -906,7 +906,8 @@ def test_snapshots_of_a_large_map() -> None:
         k += 1
     while m.is_rehashing:
         m.put(k, "ns", [k])
-        m.get(k - n, "ns").append("b") if m.contains_key(k - n, "ns") else None
+        if m.contains_key(k - n, "ns"):
+            m.get(k - n, "ns").append("b")
         k += 1
     assert len(s1) == len(exp1) and snapshot_contents(s1) == exp1
     assert len(s2) == len(exp2) and snapshot_contents(s2) == exp2

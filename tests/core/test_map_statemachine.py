@@ -240,8 +240,8 @@ class PlainStateMachine(RuleBasedStateMachine):
 
     # -- TTL sweeps -----------------------------------------------------------------------
 
-    @rule(now=NOWS, ttl=TTLS, max_entries=st.integers(1, 8))
-    def sweep_partial(self, now, ttl, max_entries) -> None:
+    def check_partial_sweep(self, now: int, ttl: int, max_entries: int) -> None:
+        """A partial sweep may remove any subset of the expired entries, nothing else."""
         removed = self.m.sweep_expired(now, ttl, max_entries)
         present = set(as_dict(iter(self.m)))
         lost = [key for key in self.model if key not in present]
@@ -251,12 +251,32 @@ class PlainStateMachine(RuleBasedStateMachine):
             assert is_expired(ts, ttl, now), f"unexpired {key} (ts={ts}, ttl={ttl}, now={now}) swept"
             del self.model[key]
 
-    @rule(now=NOWS, ttl=TTLS)
-    def sweep_full(self, now, ttl) -> None:
+    def check_full_sweep(self, now: int, ttl: int) -> None:
+        """``max_entries=None`` removes exactly the expired entries."""
         expired = [key for key, (_, ts) in self.model.items() if is_expired(ts, ttl, now)]
         assert self.m.sweep_expired(now, ttl, None) == len(expired)
         for key in expired:
             del self.model[key]
+
+    @rule(now=NOWS, ttl=TTLS, max_entries=st.integers(1, 8))
+    def sweep_partial(self, now, ttl, max_entries) -> None:
+        self.check_partial_sweep(now, ttl, max_entries)
+
+    @rule(now=NOWS, ttl=TTLS)
+    def sweep_full(self, now, ttl) -> None:
+        self.check_full_sweep(now, ttl)
+
+    @rule(data=st.data(), ttl=TTLS, delta=st.sampled_from([-1, 0, 1]), max_entries=st.none() | st.integers(1, 8))
+    def sweep_at_boundary(self, data, ttl, delta, max_entries) -> None:
+        """Sweep with ``now`` right at (or next to) some entry's expiry instant ``ts + ttl``."""
+        if not self.model:
+            return
+        key = data.draw(st.sampled_from(sorted(self.model, key=repr)))
+        now = min(max(self.model[key][1] + ttl + delta, INT64_MIN), INT64_MAX)
+        if max_entries is None:
+            self.check_full_sweep(now, ttl)
+        else:
+            self.check_partial_sweep(now, ttl, max_entries)
 
     # -- iteration and visitor --------------------------------------------------------------
 

@@ -1,0 +1,250 @@
+"""Shared pieces of the cowmap benchmark suite: sizes, data, builders and the summary table.
+
+Imported by ``conftest.py`` and the ``test_bench_*.py`` modules (pytest puts ``benches/`` on
+``sys.path`` because it has no ``__init__.py``). Nothing here is imported by the package.
+
+Sizes
+    ``N_SMALL`` is 1,000,000. ``N_BIG`` is 10,000,000 when ``COWMAP_BENCH_FULL=1`` is set and
+    2,000,000 otherwise; rows that the figures call "10M" then say in their name that they ran at
+    2M (the 10M targets still apply, which is lenient: a smaller map is more cache friendly).
+
+Data
+    Keys are unique random int64 in ``[0, 2**62)`` from a fixed seed; the namespace is the int 0
+    and the state of each entry is its key (an already existing object, so nothing is allocated
+    per entry besides the map's own structures). Probing is in a random permutation of the keys.
+
+Summary
+    Every test records its figure into ``FIGURES`` (medians from ``benchmark.stats.stats.median``
+    or values it measured itself); ``conftest.pytest_terminal_summary`` prints ``ROWS`` with
+    cowmap's figure, the comparison measured in the same run, the ratio, the target and
+    met / NOT met. Rows whose tests did not run show "not measured".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from cowmap import CopyOnWriteStateMap
+
+FULL = os.environ.get("COWMAP_BENCH_FULL", "").strip() not in ("", "0")
+NS = 0
+SEED = 42
+N_SMALL = 1_000_000
+N_BIG = 10_000_000 if FULL else 2_000_000
+SMALL_TAG = "1M"
+BIG_TAG = "10M" if FULL else "2M"
+#: How a "10M" row is named: plain "10M" in full mode, otherwise flagged as a 2M stand-in.
+BIG_LABEL = "10M" if FULL else "2M (stand-in for 10M)"
+
+
+# ---------------------------------------------------------------------------------------- data
+
+
+@dataclasses.dataclass
+class Dataset:
+    """Unique random int64 keys and a random probing order over them."""
+
+    n: int
+    tag: str  # "1M", "2M" or "10M": used in figure keys
+    label: str  # used in row and group names
+    keys: np.ndarray  # int64, insertion order
+    keys_list: list[int]
+    probe: np.ndarray  # int64, a random permutation of keys
+    probe_list: list[int]
+
+
+def make_dataset(n: int, tag: str, label: str, seed: int = SEED) -> Dataset:
+    rng = np.random.default_rng(seed)
+    keys = rng.integers(0, 2**62, size=n, dtype=np.int64)
+    if len(np.unique(keys)) != n:  # deterministic for a fixed seed; ~1e-5 odds at 10M
+        raise RuntimeError(f"seed {seed} gave duplicate keys at n={n}; pick another seed")
+    probe = rng.permutation(keys)
+    return Dataset(n, tag, label, keys, keys.tolist(), probe, probe.tolist())
+
+
+# ------------------------------------------------------------------------------------ builders
+
+
+def settle(m: CopyOnWriteStateMap, any_key: Any) -> None:
+    """Finish an incremental rehash in progress, so steady-state figures exclude it.
+
+    Every operation moves >= 4 entries while a rehash runs; ``get`` of an existing key is one.
+    """
+    limit = 2 * m.capacity + 16
+    while m.is_rehashing and limit > 0:
+        m.get(any_key, NS)
+        limit -= 1
+
+
+def build_cowmap(ds: Dataset) -> CopyOnWriteStateMap:
+    """A map holding every key of ``ds`` (state = key), grown from empty, rehash finished."""
+    m = CopyOnWriteStateMap()
+    m.put_many(ds.keys, NS, ds.keys_list)
+    settle(m, ds.keys_list[0])
+    assert len(m) == ds.n
+    return m
+
+
+def build_tuple_dict(ds: Dataset) -> dict:
+    """The dict alternative keyed like the map: ``{(key, ns): state}``."""
+    return dict(zip(zip(ds.keys_list, repeat(NS)), ds.keys_list))
+
+
+def build_key_dict(ds: Dataset) -> dict:
+    """The dict alternative keyed by the bare key (no namespace): ``{key: state}``."""
+    return dict(zip(ds.keys_list, ds.keys_list))
+
+
+# ------------------------------------------------------------------------------------- figures
+
+
+class Figures:
+    """Values recorded during the session, by key, plus caveats and free-form detail lines."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {}
+        self.caveats: dict[str, tuple[float, str]] = {}
+        self.details: list[str] = []
+
+    def record(self, key: str, value: float) -> float:
+        self.values[key] = float(value)
+        return float(value)
+
+    def record_median(self, key: str, benchmark: Any, ops: int, scale: float = 1e9) -> float:
+        """Record ``median seconds per round * scale / ops`` (default: ns per op)."""
+        return self.record(key, benchmark.stats.stats.median * scale / ops)
+
+    def caveat(self, key: str, upper_bound: float, text: str) -> None:
+        """Mark ``key``'s value as a lower bound of a figure that may be up to ``upper_bound``."""
+        self.caveats[key] = (float(upper_bound), text)
+
+    def detail(self, line: str) -> None:
+        self.details.append(line)
+
+
+FIGURES = Figures()
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One line of the summary: cowmap's figure against a comparison figure.
+
+    ``kind`` is "ratio" (met when cowmap / comparison <= target) or "abs" (met when cowmap's
+    figure <= target, in ``unit``; the ratio is shown for information).
+    """
+
+    fig: str
+    label: str
+    unit: str
+    cow: str
+    other: str
+    other_label: str
+    kind: str
+    target: float
+
+
+def _rows() -> list[Row]:
+    s, b, bl = SMALL_TAG, BIG_TAG, BIG_LABEL
+    rows = [
+        Row("1", "get hit, 1M keys, 1 call/op", "ns/op", "get.cowmap", "get.dict_tuple", "dict.get((key, ns))", "ratio", 0.8),
+        Row("1", "get hit, 1M keys, 1 call/op", "ns/op", "get.cowmap", "get.dict_key", "dict.get(key)", "ratio", 1.5),
+        Row("1", "put existing, 1M keys, 1 call/op", "ns/op", "put.cowmap", "put.dict_tuple", "d[(key, ns)] = v", "ratio", 0.8),
+        Row("1", "put existing, 1M keys, 1 call/op", "ns/op", "put.cowmap", "put.dict_key", "d[key] = v", "ratio", 1.5),
+    ]
+    for tag, label, limit in ((s, "1M", 40.0), (b, bl, 100.0)):
+        rows += [
+            Row("2", f"get_many int64 @{label}", "ns/key", f"get_many.cowmap@{tag}", f"get_many.khash@{tag}", "Int64HashTable.lookup", "abs", limit),
+            Row("2", f"get_many int64 @{label}", "ns/key", f"get_many.cowmap@{tag}", f"get_many.khash@{tag}", "Int64HashTable.lookup", "ratio", 1.0),
+            Row("2", f"get_many int64 @{label}", "ns/key", f"get_many.cowmap@{tag}", f"get_many.index@{tag}", "pd.Index.get_indexer", "ratio", 1.0),
+            Row("2", f"put_many existing @{label}", "ns/key", f"put_many.cowmap@{tag}", f"put_many.khash@{tag}", "Int64HashTable.map_locations", "abs", limit),
+            Row("2", f"put_many existing @{label}", "ns/key", f"put_many.cowmap@{tag}", f"put_many.khash@{tag}", "Int64HashTable.map_locations", "ratio", 1.0),
+        ]
+    rows += [
+        Row("3", f"snapshot() start @{bl}", "ms", "snapshot.cowmap", "snapshot.dict_copy", "dict.copy() of {(key, ns): v}", "abs", 1.0),
+        Row("4", f"worst put growing 0->{bl} (incl. noise)", "ms", "growth.worst.cowmap", "growth.worst.dict", "dict[(key, ns)] = v growing", "abs", 1.0),
+        Row("4", f"worst recurring put growing 0->{bl}", "ms", "growth.recurring.cowmap", "growth.recurring.dict", "dict[(key, ns)] = v growing", "abs", 1.0),
+        Row("4", f"worst recurring put, CPU-checked, 0->{bl}", "ms", "growth.recurring_cpu.cowmap", "growth.recurring_cpu.dict", "dict[(key, ns)] = v growing", "abs", 1.0),
+    ]
+    for tag, label in ((s, "1M"), (b, bl)):
+        rows += [
+            Row("5", f"overhead/entry memory_stats @{label}", "B", f"mem.stats.cowmap@{tag}", f"mem.getsizeof.dict@{tag}", "dict (key, ns): getsizeof", "abs", 64.0),
+            Row("5", f"overhead/entry tracemalloc @{label}", "B", f"mem.traced.cowmap@{tag}", f"mem.traced.dict@{tag}", "dict (key, ns): tracemalloc", "abs", 64.0),
+        ]
+    rows += [
+        Row("6", "1st put after snapshot, 1M, put loop", "ns/op", "cow.put.snapshot", "cow.put.plain", "same put loop, no snapshot", "ratio", 3.0),
+        Row("6", "1st put after snapshot, 1M, put_many", "ns/key", "cow.put_many.snapshot", "cow.put_many.plain", "same put_many, no snapshot", "ratio", 3.0),
+    ]
+    return rows
+
+
+ROWS = _rows()
+
+
+def _fmt(v: float | None, unit: str) -> str:
+    if v is None:
+        return "-"
+    if v != v:
+        return "nan"
+    digits = 3 if abs(v) < 10 else 1
+    return f"{v:,.{digits}f} {unit}"
+
+
+def _fmt_ratio(ratio: float | None) -> str:
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f}" if ratio >= 0.01 else f"{ratio:.1e}"
+
+
+def render_summary(figs: Figures) -> list[str]:
+    """The summary table as text lines (plus details), for the terminal."""
+    header = ["#", "figure", "cowmap", "comparison", "compared with", "ratio", "target", "verdict"]
+    table = []
+    n_met = n_not = n_na = 0
+    for r in ROWS:
+        cow = figs.values.get(r.cow)
+        other = figs.values.get(r.other)
+        ratio = cow / other if cow is not None and other else None
+        if r.kind == "ratio":
+            target = f"ratio <= {r.target:g}"
+            ok = None if ratio is None else ratio <= r.target
+        else:
+            target = f"<= {r.target:g} {r.unit}"
+            ok = None if cow is None else cow <= r.target
+            if ok and r.cow in figs.caveats and figs.caveats[r.cow][0] > r.target:
+                ok = "inconclusive"
+        if ok == "inconclusive":
+            verdict = "inconclusive (lower bound)"
+            n_na += 1
+        elif ok is None:
+            verdict = "not measured"
+            n_na += 1
+        elif ok:
+            verdict = "met"
+            n_met += 1
+        else:
+            verdict = "NOT met  <<<"
+            n_not += 1
+        cow_s = _fmt(cow, r.unit) + (" *" if r.cow in figs.caveats else "")
+        table.append([r.fig, r.label, cow_s, _fmt(other, r.unit), r.other_label,
+                      _fmt_ratio(ratio), target, verdict])
+    widths = [max(len(row[i]) for row in [header] + table) for i in range(len(header))]
+    right = {2, 3, 5}
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    out = [line(header), line(["-" * w for w in widths])]
+    out += [line(row) for row in table]
+    out.append(f"targets: {n_met} met, {n_not} NOT met, {n_na} not measured or inconclusive "
+               f"(of {len(ROWS)} rows)")
+    if figs.caveats:
+        out.append("* caveats: " + "; ".join(text for _, text in figs.caveats.values()))
+    if figs.details:
+        out.append("details:")
+        out += [f"  {d}" for d in figs.details]
+    return out
