@@ -214,7 +214,14 @@ static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
 
 static inline uint32_t cm_ev(const cm_entry *e) { return e->ev & CM_VMASK; }
 
-static void cm_grave(cm_map *m, PyObject *o) {
+/* Release a reference the map held. A DECREF that cannot free the object runs
+ * no Python code, so it is done now, while the object is likely in cache; a
+ * last reference waits until the map is consistent again (cm_leave). */
+static inline void cm_grave(cm_map *m, PyObject *o) {
+    if (Py_REFCNT(o) > 1) {
+        Py_DECREF(o);
+        return;
+    }
     if (cm_ptrvec_push(&m->grave, o) < 0) {
         PyErr_Clear();
         Py_DECREF(o); /* out of memory: release now rather than leak */
@@ -972,7 +979,7 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             ring[i & (CM_FR - 1u)] = h;
             const cm_page *pg = t->pages[(h & cmask) >> shift];
             if (pg) CM_PREFETCH(&pg->slots[h & pmask]);
-            if (mode == CM_B_PUT) CM_PREFETCH(bt->states[i]);
+            if (mode == CM_B_PUT) CM_PREFETCH_W(bt->states[i]); /* INCREF'd when written */
         }
         Py_ssize_t j = i - (Py_ssize_t)(CM_FD / 3);
         if (j >= start && j < n) {
