@@ -435,6 +435,11 @@ static int cm_probe_ns(cm_probe *p, PyObject *ns, Py_hash_t *hn) {
         PyErr_SetString(PyExc_TypeError, "namespace must not be None");
         return -1;
     }
+    if (PyLong_CheckExact(ns)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(ns, &overflow);
+        if (!overflow) { *hn = cm_int_hash((int64_t)v); p->ns = ns; return 0; }
+    }
     *hn = PyObject_Hash(ns);
     if (*hn == -1 && PyErr_Occurred()) return -1;
     p->ns = ns;
@@ -491,6 +496,7 @@ static inline int cm_find(const cm_map *m, const cm_table *t, const cm_probe *p,
     uint32_t i = cm_slot_get(t, p->hash & (t->capacity - 1u)), pr = 0;
     while (i) {
         const cm_entry *e = cm_E(m, i);
+        CM_PREFETCH_W(e->state); /* a hit will INCREF it: overlap that miss with the compare */
         if (e->hash == p->hash) {
             int r;
             if (p->is_int && (e->ev & CM_F_INTKEY)) r = e->key.i == p->ikey;
