@@ -18,10 +18,23 @@ except ImportError as exc:  # pragma: no cover - only hit on a broken install
         "`pip install -e .` for development) from the project root."
     ) from exc
 
+from cowmap.state.keygroups import (
+    KeyGroupRange,
+    default_max_parallelism,
+    key_group_for,
+    key_group_range_for_operator,
+    operator_index_for_key_group,
+)
+
 __all__ = [
+    "KeyGroupRange",
     "NO_TIMESTAMP",
     "CopyOnWriteStateMap",
     "StateIncrementalVisitor",
     "StateMapSnapshot",
+    "default_max_parallelism",
+    "key_group_for",
+    "key_group_range_for_operator",
+    "operator_index_for_key_group",
 ]
 __version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Flink-style keyed state on top of the compiled map (DESIGN.md §3)."""
