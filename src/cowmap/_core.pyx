@@ -7,6 +7,7 @@ Python surface over it.
 
 cimport cython
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
@@ -31,6 +32,7 @@ cdef extern from *:
 NO_TIMESTAMP = CM_NO_TS
 
 cdef uint32_t _MAX_CAPACITY = 1 << 30
+cdef int64_t _EMPTY_INT64 = 0
 
 
 cdef inline int64_t _as_ts(object ts, str what="ts") except? -1:
@@ -55,15 +57,21 @@ cdef class _Keys:
             self.arr = np.ascontiguousarray(keys, dtype=np.int64)
             self.ks.n = self.arr.shape[0]
             self.ks.objs = NULL
-            self.ks.ints = &self.arr[0] if self.ks.n else NULL
-            if not self.ks.n:
-                self.ks.ints = <const int64_t *>1  # non-NULL marker for an empty int batch
+            # an empty int batch still needs a non-NULL pointer: it marks the int path
+            self.ks.ints = &self.arr[0] if self.ks.n else &_EMPTY_INT64
         else:
             if dtype is not None:
                 keys = keys.tolist()
             elif isinstance(keys, (str, bytes)):
                 raise TypeError("keys must be a sequence of keys or an int64 array, not a string")
-            self.holder = PySequence_Fast(keys, "keys must be a sequence or an int64 array")
+            # a private tuple: Python code run during the batch (a key's __hash__,
+            # a finalizer) must not be able to change or free what the C loop reads
+            if type(keys) is not tuple:
+                try:
+                    keys = tuple(keys)
+                except TypeError:
+                    raise TypeError(f"keys must be a sequence or an int64 array, not {type(keys).__name__}") from None
+            self.holder = keys
             self.ks.n = PySequence_Fast_GET_SIZE(self.holder)
             self.ks.objs = PySequence_Fast_ITEMS(self.holder)
             self.ks.ints = NULL
@@ -119,7 +127,10 @@ cdef class CopyOnWriteStateMap:
         cm_init(&self.m, <uint32_t>min(capacity, _MAX_CAPACITY))
         self._ready = True
         self._copier = copier
-        self.m.copier = <PyObject *>copier if copier is not None else NULL
+        if copier is not None:
+            # the C struct owns its own reference: GC's tp_clear may drop _copier first
+            Py_INCREF(copier)
+            self.m.copier = <PyObject *>copier
 
     def __dealloc__(self):
         if self._ready:
@@ -192,7 +203,12 @@ cdef class CopyOnWriteStateMap:
     def put_many(self, keys, namespace, states, ts=NO_TIMESTAMP):
         """Put ``states[i]`` at ``(keys[i], namespace)`` for every i. O(len(keys))."""
         cdef _Keys k = _Keys(keys)
-        seq = PySequence_Fast(states, "states must be a sequence")
+        if type(states) is not tuple:  # private copy, as for keys
+            try:
+                states = tuple(states)
+            except TypeError:
+                raise TypeError(f"states must be a sequence, not {type(states).__name__}") from None
+        seq = states
         if PySequence_Fast_GET_SIZE(seq) != k.ks.n:
             raise ValueError(
                 f"keys and states differ in length ({k.ks.n} != {PySequence_Fast_GET_SIZE(seq)})")

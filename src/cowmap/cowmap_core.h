@@ -132,7 +132,7 @@ typedef struct {
     size_t rq_items;
     PyObject *last_ns;    /* borrowed: the namespace of entry last_ns_entry */
     uint32_t last_ns_entry; /* dedupes equal namespace objects (as Flink does) */
-    PyObject *copier;     /* borrowed from the Python wrapper; NULL = immutable states */
+    PyObject *copier;     /* owned; NULL = immutable states */
     int busy;
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
     cm_cursor sweep;
@@ -633,7 +633,7 @@ static inline int cm_state_shared(const cm_map *m, const cm_entry *e) {
  * shared with a snapshot and a copier is set (Flink's get). */
 static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) {
     cm_entry *e = cm_E(m, loc->idx);
-    if (m->copier && cm_state_shared(m, e)) {
+    if (m->copier && e->state != Py_None && cm_state_shared(m, e)) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
         uint32_t w = cm_writable(m, p, loc);
@@ -649,7 +649,7 @@ static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) 
 
 /* New reference to a state about to be handed out as "old": a copy if shared. */
 static PyObject *cm_old_state(cm_map *m, const cm_entry *e) {
-    if (m->copier && cm_state_shared(m, e)) return PyObject_CallOneArg(m->copier, e->state);
+    if (m->copier && e->state != Py_None && cm_state_shared(m, e)) return PyObject_CallOneArg(m->copier, e->state);
     Py_INCREF(e->state);
     return e->state;
 }
@@ -896,8 +896,9 @@ static inline int cm_batch_probe(const cm_map *m, const cm_keys *ks, Py_ssize_t 
                                  cm_pf *pf, cm_probe *p, int want_state) {
     if (ks->ints) {
         cm_pf_step(m, ks, i, pf, want_state);
+        /* hash the value read now: the ring's hash only steered prefetches */
         p->key = NULL; p->ikey = ks->ints[i]; p->is_int = 1; p->ns = ns;
-        p->hash = pf->h[i & (CM_PF_RING - 1u)];
+        p->hash = cm_composite(cm_int_hash(p->ikey), pf->hn);
         return 0;
     }
     return cm_probe_at(ks, i, ns, pf->hn, p);
@@ -935,8 +936,6 @@ static int cm_batch_general(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py
     if (ks->ints) { sub.ints = ks->ints + start; sub.n = end - start; cm_pf_init(&sub, &pf, bt->hn); }
     else pf.hn = bt->hn;
     for (Py_ssize_t i = start; i < end; i++) {
-        /* replaced states wait in the grave; release them now and then */
-        if ((i & 255) == 0 && m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
         if (ks->ints) {
             CM_PREFETCH(bt->mode == CM_B_PUT && i + (Py_ssize_t)CM_PF_D < end ? bt->states[i + CM_PF_D] : NULL);
             cm_batch_probe(m, &sub, i - start, bt->ns, &pf, &p, bt->mode != CM_B_CONTAINS);
@@ -975,14 +974,17 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
     const uint32_t nsmix = cm_fmix32(cm_fold(bt->hn));
     const int mode = bt->mode;
     uint32_t ring[CM_FR];
+    int64_t kring[CM_FR]; /* each key is read once: the array may be written by Python code */
     cm_probe p;
     p.key = NULL; p.is_int = 1; p.ns = bt->ns;
     for (Py_ssize_t i = start; i < n + (Py_ssize_t)CM_FD; i++) {
         const cm_table *t = &m->primary;
         const uint32_t cmask = t->capacity - 1u, shift = t->page_shift, pmask = (1u << shift) - 1u;
         if (i < n) {
-            uint32_t h = cm_fmix32(cm_fold(cm_int_hash(keys[i])) ^ nsmix);
+            int64_t kv = keys[i];
+            uint32_t h = cm_fmix32(cm_fold(cm_int_hash(kv)) ^ nsmix);
             ring[i & (CM_FR - 1u)] = h;
+            kring[i & (CM_FR - 1u)] = kv;
             const cm_page *pg = t->pages[(h & cmask) >> shift];
             if (pg) CM_PREFETCH(&pg->slots[h & pmask]);
             if (mode == CM_B_PUT) CM_PREFETCH_W(bt->states[i]); /* INCREF'd when written */
@@ -1013,7 +1015,7 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
         uint32_t h = ring[j & (CM_FR - 1u)];
         const cm_page *pg = t->pages[(h & cmask) >> shift];
         uint32_t e = pg ? pg->slots[h & pmask] : 0u;
-        int64_t k = keys[j];
+        int64_t k = kring[j & (CM_FR - 1u)];
         cm_entry *hit = NULL;
         p.ikey = k; p.hash = h;
         for (; e; e = cm_E(m, e)->next) {
@@ -1050,7 +1052,6 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             hit->sv = m->version;
             hit->ts = bt->ts;
             if (m->rehash.capacity) return j + 1; /* the insert started a rehash */
-            if ((j & 4095) == 4095 && m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
         }
     }
     return n;
@@ -1066,6 +1067,9 @@ static void cm_incref_range(PyObject *out, Py_ssize_t start, Py_ssize_t stop) {
 }
 
 static Py_ssize_t cm_batch_fast_refs(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
+    /* while the list holds borrowed references, the GC must not traverse it */
+    int tracked = bt->mode == CM_B_GET && PyObject_GC_IsTracked(bt->out_list);
+    if (tracked) PyObject_GC_UnTrack(bt->out_list);
     Py_ssize_t stop = cm_batch_fast(m, ks, bt, start);
     if (bt->mode == CM_B_GET) {
         if (stop < 0) {
@@ -1077,6 +1081,7 @@ static Py_ssize_t cm_batch_fast_refs(cm_map *m, const cm_keys *ks, const cm_batc
         } else {
             cm_incref_range(bt->out_list, start, stop);
         }
+        if (tracked) PyObject_GC_Track(bt->out_list);
     }
     return stop;
 }
@@ -1141,7 +1146,6 @@ static Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
             goto done;
         }
         removed += r;
-        if (m->grave.n > 4096) { cm_leave(m); m->busy = 1; }
     }
 done:
     cm_leave(m);
@@ -1224,8 +1228,9 @@ static void cm_release_now(cm_map *m, uint32_t version) {
         uint32_t nc = m->rq_cap ? m->rq_cap * 2 : 4;
         cm_rqbatch *na = (cm_rqbatch *)PyMem_RawRealloc(m->rq, nc * sizeof(cm_rqbatch));
         if (!na) {
-            /* cannot queue: reclaim right here instead */
+            /* cannot queue: reclaim right here instead (the error was ours, not the caller's) */
             PyErr_Clear();
+            m->rq_items += gone.ents.n + gone.pages.n;
             cm_rqbatch tmp = {version, gone.ents, gone.pages};
             cm_rqbatch *save = m->rq; uint32_t sn = m->nrq;
             m->rq = &tmp; m->nrq = 1;
@@ -1253,15 +1258,20 @@ static void cm_reclaim_some(cm_map *m, size_t budget) {
         while (budget && b->ents.n) {
             uint32_t e = b->ents.a[--b->ents.n];
             budget--; m->rq_items--;
-            if (older && cm_ev(cm_E(m, e)) < older->version && cm_u32vec_push(&older->ents, e) == 0) continue;
-            PyErr_Clear();
+            if (older && cm_ev(cm_E(m, e)) < older->version) {
+                /* out of memory: leaking beats freeing what `older` still reads */
+                if (cm_u32vec_push(&older->ents, e) < 0) PyErr_Clear();
+                continue;
+            }
             cm_entry_free(m, e);
         }
         while (budget && b->pages.n) {
             cm_page *p = (cm_page *)b->pages.a[--b->pages.n];
             budget--; m->rq_items--;
-            if (older && p->version < older->version && cm_ptrvec_push(&older->pages, p) == 0) continue;
-            PyErr_Clear();
+            if (older && p->version < older->version) {
+                if (cm_ptrvec_push(&older->pages, p) < 0) PyErr_Clear();
+                continue;
+            }
             cm_page_free(m, p);
         }
         if (!b->ents.n && !b->pages.n) {
@@ -1334,11 +1344,17 @@ static PyObject *cm_entry_key(const cm_entry *e) {
     return e->key.obj;
 }
 
+/* References are taken before the tuple is allocated: that allocation may run
+ * a GC pass whose finalizers release the snapshot this entry belongs to. */
 static PyObject *cm_entry_tuple(const cm_entry *e, int with_ts) {
+    PyObject *ns = e->ns, *state = e->state;
+    long long ts = (long long)e->ts;
+    Py_INCREF(ns);
+    Py_INCREF(state);
     PyObject *k = cm_entry_key(e);
-    if (!k) return NULL;
-    if (with_ts) return Py_BuildValue("(NOOL)", k, e->ns, e->state, (long long)e->ts);
-    return Py_BuildValue("(NOO)", k, e->ns, e->state);
+    if (!k) { Py_DECREF(ns); Py_DECREF(state); return NULL; }
+    if (with_ts) return Py_BuildValue("(NNNL)", k, ns, state, ts);
+    return Py_BuildValue("(NNN)", k, ns, state);
 }
 
 /* ------------------------------------------------- live-map iteration */
@@ -1453,7 +1469,8 @@ static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
     if (full || m->sweep.phase >= 2) cm_cursor_reset(m, &m->sweep);
-    uint32_t budget = full ? UINT32_MAX : (uint32_t)(max_entries > 0 ? max_entries : 1);
+    uint32_t budget = full || max_entries >= (Py_ssize_t)UINT32_MAX ? UINT32_MAX
+                                                                    : (uint32_t)(max_entries > 0 ? max_entries : 1);
     while (full || examined < max_entries) {
         cm_vpos vp;
         int r = cm_visit_next(m, &m->sweep, budget, &vp);
@@ -1531,6 +1548,7 @@ static void cm_dealloc(cm_map *m) {
     }
     PyMem_RawFree(m->grave.a);
     m->grave.a = NULL;
+    Py_CLEAR(m->copier);
 }
 
 static size_t cm_bytes(const cm_map *m) {

@@ -21,6 +21,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <math.h>
 
 static inline uint32_t kh_rotl(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
 
@@ -88,6 +89,13 @@ static int kh_double(double d, int32_t *out) {
     if (d == d && d >= -9.2233720368547758e18 && d < 9.2233720368547758e18 && (double)(int64_t)d == d) {
         *out = kh_int64((int64_t)d);                                /* 1.0 == 1 */
         return 0;
+    }
+    if (d == d && d - d == 0.0 && d == floor(d)) {        /* integral beyond int64 */
+        PyObject *i = PyLong_FromDouble(d);
+        if (!i) return -1;
+        int r = kh_pylong(i, out);
+        Py_DECREF(i);
+        return r;
     }
     if (d != d) d = __builtin_nan("");                              /* Java: canonical NaN */
     uint64_t bits;
