@@ -103,6 +103,9 @@ cdef class CopyOnWriteStateMap:
     Re-entrant use from a key's ``__eq__``/``__hash__``, a copier or a
     transform function raises ``RuntimeError``.
 
+    The garbage collector does not look inside the map: a state that refers
+    back to the map forms a cycle that is never collected.
+
     >>> m = CopyOnWriteStateMap()
     >>> m.put("user-1", "window-0", 3)
     >>> m.get("user-1", "window-0")
@@ -201,7 +204,10 @@ cdef class CopyOnWriteStateMap:
         return cm_get_many(&self.m, &k.ks, namespace)
 
     def put_many(self, keys, namespace, states, ts=NO_TIMESTAMP):
-        """Put ``states[i]`` at ``(keys[i], namespace)`` for every i. O(len(keys))."""
+        """Put ``states[i]`` at ``(keys[i], namespace)`` for every i. O(len(keys)).
+
+        Not atomic: if a key is rejected (e.g. None), the keys before it are written.
+        """
         cdef _Keys k = _Keys(keys)
         if type(states) is not tuple:  # private copy, as for keys
             try:
