@@ -41,7 +41,7 @@ cdef extern from "cowmap_core.h":
         pass
 
     ctypedef struct cm_keys:
-        PyObject **objs
+        PyObject *seq
         const int64_t *ints
         Py_ssize_t n
 
@@ -62,7 +62,7 @@ cdef extern from "cowmap_core.h":
     int cm_transform(cm_map *m, object key, object ns, object value, object fn, int64_t ts) except -1
 
     object cm_get_many(cm_map *m, const cm_keys *ks, object ns)
-    int cm_put_many(cm_map *m, const cm_keys *ks, object ns, PyObject **states, int64_t ts) except -1
+    int cm_put_many(cm_map *m, const cm_keys *ks, object ns, PyObject *states, int64_t ts) except -1
     int cm_contains_many(cm_map *m, const cm_keys *ks, object ns, uint8_t *out) except -1
     Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, object ns) except -1
 

@@ -44,6 +44,16 @@ cdef inline int64_t _as_ts(object ts, str what="ts") except? -1:
     return ts
 
 
+cdef object _batch_seq(object items, str what):
+    """A list (read live by the C loop, bounds-checked) or a tuple; other iterables are copied."""
+    if type(items) is list or type(items) is tuple:
+        return items
+    try:
+        return tuple(items)
+    except TypeError:
+        raise TypeError(f"{what} must be a sequence or an int64 array, not {type(items).__name__}") from None
+
+
 cdef class _Keys:
     """Holds a batch of keys as C data: an int64 buffer or a fast sequence."""
     cdef cm_keys ks
@@ -56,7 +66,7 @@ cdef class _Keys:
                 dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize < 8)):
             self.arr = np.ascontiguousarray(keys, dtype=np.int64)
             self.ks.n = self.arr.shape[0]
-            self.ks.objs = NULL
+            self.ks.seq = NULL
             # an empty int batch still needs a non-NULL pointer: it marks the int path
             self.ks.ints = &self.arr[0] if self.ks.n else &_EMPTY_INT64
         else:
@@ -64,16 +74,9 @@ cdef class _Keys:
                 keys = keys.tolist()
             elif isinstance(keys, (str, bytes)):
                 raise TypeError("keys must be a sequence of keys or an int64 array, not a string")
-            # a private tuple: Python code run during the batch (a key's __hash__,
-            # a finalizer) must not be able to change or free what the C loop reads
-            if type(keys) is not tuple:
-                try:
-                    keys = tuple(keys)
-                except TypeError:
-                    raise TypeError(f"keys must be a sequence or an int64 array, not {type(keys).__name__}") from None
-            self.holder = keys
-            self.ks.n = PySequence_Fast_GET_SIZE(self.holder)
-            self.ks.objs = PySequence_Fast_ITEMS(self.holder)
+            self.holder = _batch_seq(keys, "keys")
+            self.ks.n = len(self.holder)
+            self.ks.seq = <PyObject *>self.holder
             self.ks.ints = NULL
 
 
@@ -209,16 +212,10 @@ cdef class CopyOnWriteStateMap:
         Not atomic: if a key is rejected (e.g. None), the keys before it are written.
         """
         cdef _Keys k = _Keys(keys)
-        if type(states) is not tuple:  # private copy, as for keys
-            try:
-                states = tuple(states)
-            except TypeError:
-                raise TypeError(f"states must be a sequence, not {type(states).__name__}") from None
-        seq = states
-        if PySequence_Fast_GET_SIZE(seq) != k.ks.n:
-            raise ValueError(
-                f"keys and states differ in length ({k.ks.n} != {PySequence_Fast_GET_SIZE(seq)})")
-        cm_put_many(&self.m, &k.ks, namespace, PySequence_Fast_ITEMS(seq), _as_ts(ts))
+        seq = _batch_seq(states, "states")
+        if len(seq) != k.ks.n:
+            raise ValueError(f"keys and states differ in length ({k.ks.n} != {len(seq)})")
+        cm_put_many(&self.m, &k.ks, namespace, <PyObject *>seq, _as_ts(ts))
 
     def contains_many(self, keys, namespace):
         """A numpy bool array: which ``keys`` are mapped in ``namespace``."""

@@ -821,10 +821,24 @@ static int cm_transform(cm_map *m, PyObject *key, PyObject *ns, PyObject *value,
 
 /* keys: either a Python sequence (fast sequence: list/tuple) or int64 data */
 typedef struct {
-    PyObject **objs;       /* from PySequence_Fast_ITEMS, or NULL */
+    PyObject *seq;         /* a list or tuple of key objects, or NULL */
     const int64_t *ints;   /* int64 array data, or NULL */
     Py_ssize_t n;
 } cm_keys;
+
+/* Item i of a batch's list or tuple. A list is read live: Python code run
+ * during the batch (a key's __eq__, a finalizer) may change it, so the caller
+ * uses an item before any such code can run, or holds a reference to it. */
+static inline PyObject *cm_seq_get(PyObject *seq, Py_ssize_t i) {
+    if (PyList_CheckExact(seq)) return i < PyList_GET_SIZE(seq) ? PyList_GET_ITEM(seq, i) : NULL;
+    return PyTuple_GET_ITEM(seq, i);
+}
+
+static PyObject *cm_seq_item(PyObject *seq, Py_ssize_t i, const char *what) {
+    PyObject *o = cm_seq_get(seq, i);
+    if (!o) PyErr_Format(PyExc_RuntimeError, "the list of %s changed size during the batch", what);
+    return o;
+}
 
 static int cm_probe_at(const cm_keys *ks, Py_ssize_t i, PyObject *ns, Py_hash_t hn, cm_probe *p) {
     Py_hash_t hk;
@@ -832,8 +846,9 @@ static int cm_probe_at(const cm_keys *ks, Py_ssize_t i, PyObject *ns, Py_hash_t 
         int64_t v = ks->ints[i];
         p->key = NULL; p->ikey = v; p->is_int = 1;
         hk = cm_int_hash(v);
-    } else if (cm_probe_key(p, ks->objs[i], &hk) < 0) {
-        return -1;
+    } else {
+        PyObject *key = cm_seq_item(ks->seq, i, "keys");
+        if (!key || cm_probe_key(p, key, &hk) < 0) return -1;
     }
     p->ns = ns;
     p->hash = cm_composite(hk, hn);
@@ -912,15 +927,25 @@ typedef struct {
     Py_hash_t hn;
     PyObject *out_list;     /* GET */
     uint8_t *out_flags;     /* CONTAINS */
-    PyObject **states;      /* PUT */
+    PyObject *states;       /* PUT: a list or tuple, read with cm_seq_item */
     int64_t ts;             /* PUT */
 } cm_batch;
 
 /* One key of a batch through the general path (rehash step, copy-on-write). */
 static int cm_batch_one(cm_map *m, const cm_batch *bt, const cm_probe *p, Py_ssize_t i) {
     cm_loc loc;
-    if (bt->mode == CM_B_PUT) return cm_put_probe(m, p, bt->states[i], bt->ts, 1);
     if (cm_locate(m, p, &loc, 1) < 0) return -1;
+    if (bt->mode == CM_B_PUT) {
+        /* read the state after the lookup (which may run Python code) and own
+         * it before the insert (which may too); a failure leaves no entry */
+        PyObject *st = cm_seq_item(bt->states, i, "states");
+        if (!st) return -1;
+        Py_INCREF(st);
+        uint32_t w = loc.found ? cm_writable(m, p, &loc) : cm_add_entry(m, p, loc.t);
+        if (!w) { cm_grave(m, st); return -1; }
+        cm_set_state(m, w, st, bt->ts);
+        return 0;
+    }
     if (bt->mode == CM_B_CONTAINS) { bt->out_flags[i] = (uint8_t)loc.found; return 0; }
     PyObject *s;
     if (loc.found) { if (!(s = cm_read_state(m, p, &loc))) return -1; }
@@ -937,12 +962,20 @@ static int cm_batch_general(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py
     else pf.hn = bt->hn;
     for (Py_ssize_t i = start; i < end; i++) {
         if (ks->ints) {
-            CM_PREFETCH(bt->mode == CM_B_PUT && i + (Py_ssize_t)CM_PF_D < end ? bt->states[i + CM_PF_D] : NULL);
+            if (bt->mode == CM_B_PUT && i + (Py_ssize_t)CM_PF_D < end)
+                CM_PREFETCH_W(cm_seq_get(bt->states, i + CM_PF_D));
             cm_batch_probe(m, &sub, i - start, bt->ns, &pf, &p, bt->mode != CM_B_CONTAINS);
-        } else if (cm_probe_at(ks, i, bt->ns, bt->hn, &p) < 0) {
-            return -1;
+            if (cm_batch_one(m, bt, &p, i) < 0) return -1;
+        } else {
+            /* hold the key: its own __eq__ may drop it from a live list */
+            PyObject *key = cm_seq_item(ks->seq, i, "keys");
+            if (!key) return -1;
+            Py_INCREF(key);
+            int r = cm_probe_at(ks, i, bt->ns, bt->hn, &p);
+            if (r == 0) { p.key = key; r = cm_batch_one(m, bt, &p, i); }
+            cm_grave(m, key);
+            if (r < 0) return -1;
         }
-        if (cm_batch_one(m, bt, &p, i) < 0) return -1;
     }
     return 0;
 }
@@ -987,7 +1020,7 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             kring[i & (CM_FR - 1u)] = kv;
             const cm_page *pg = t->pages[(h & cmask) >> shift];
             if (pg) CM_PREFETCH(&pg->slots[h & pmask]);
-            if (mode == CM_B_PUT) CM_PREFETCH_W(bt->states[i]); /* INCREF'd when written */
+            if (mode == CM_B_PUT) CM_PREFETCH_W(cm_seq_get(bt->states, i)); /* INCREF'd when written */
         }
         Py_ssize_t j = i - (Py_ssize_t)(CM_FD / 3);
         if (j >= start && j < n) {
@@ -1034,20 +1067,25 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
         } else if (mode == CM_B_CONTAINS) {
             bt->out_flags[j] = hit != NULL;
         } else {
-            PyObject *ns_state = bt->states[j];
+            /* read the state after the lookup (which may run Python code) and
+             * own it before the insert (which may too); a failure leaves no entry */
+            PyObject *ns_state = cm_seq_item(bt->states, j, "states");
+            if (!ns_state) return -1;
+            Py_INCREF(ns_state);
             if (!hit) {
                 uint32_t w = cm_add_entry(m, &p, &m->primary);
-                if (!w) return -1;
+                if (!w) { cm_grave(m, ns_state); return -1; }
                 hit = cm_E(m, w);
             } else if (cm_ev(hit) < m->required) {
                 uint32_t w = cm_chain_cow(m, &m->primary, h & cmask, e);
-                if (!w) return -1;
+                if (!w) { cm_grave(m, ns_state); return -1; }
                 hit = cm_E(m, w);
             }
             if (hit->state != ns_state) {
-                Py_INCREF(ns_state);
                 cm_grave(m, hit->state);
                 hit->state = ns_state;
+            } else {
+                Py_DECREF(ns_state); /* the entry holds it too: cannot be the last */
             }
             hit->sv = m->version;
             hit->ts = bt->ts;
@@ -1104,7 +1142,7 @@ static int cm_batch_run(cm_map *m, const cm_keys *ks, cm_batch *bt) {
             if (stop < 0) goto done;
             i = stop;
         } else {
-            Py_ssize_t end = ks->objs ? ks->n : (i + CM_GENERAL_BLOCK < ks->n ? i + CM_GENERAL_BLOCK : ks->n);
+            Py_ssize_t end = !ks->ints ? ks->n : (i + CM_GENERAL_BLOCK < ks->n ? i + CM_GENERAL_BLOCK : ks->n);
             if (cm_batch_general(m, ks, bt, i, end) < 0) goto done;
             i = end;
         }
@@ -1124,7 +1162,7 @@ static PyObject *cm_get_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
     return out;
 }
 
-static int cm_put_many(cm_map *m, const cm_keys *ks, PyObject *ns, PyObject **states, int64_t ts) {
+static int cm_put_many(cm_map *m, const cm_keys *ks, PyObject *ns, PyObject *states, int64_t ts) {
     cm_batch bt = {CM_B_PUT, ns, 0, NULL, NULL, states, ts};
     return cm_batch_run(m, ks, &bt);
 }

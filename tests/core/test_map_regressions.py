@@ -25,10 +25,16 @@ def test_batch_survives_its_key_list_being_cleared_by_a_key_hash() -> None:
 
     keys.extend(Evil(i) for i in range(8))
     m = CopyOnWriteStateMap()
-    m.put_many(keys, 0, list(range(8)))
-    assert len(m) == 8
+    # the batch reads the list live: it notices the list shrank and stops cleanly
+    with pytest.raises(RuntimeError, match="list of keys changed size"):
+        m.put_many(keys, 0, list(range(8)))
+    assert len(m) == sum(1 for _ in m) <= 8
     keys.extend(Evil(i) for i in range(8))
-    assert m.get_many(keys, 0) == list(range(8))
+    with pytest.raises(RuntimeError, match="list of keys changed size"):
+        m.get_many(keys, 0)
+    frozen = tuple(Evil(i) for i in range(8))  # a tuple cannot change under the batch
+    m.put_many(frozen, 0, list(range(8)))
+    assert m.get_many(frozen, 0) == list(range(8))
 
 
 def test_put_many_survives_its_state_list_being_cleared_by_a_namespace_hash() -> None:
@@ -43,8 +49,10 @@ def test_put_many_survives_its_state_list_being_cleared_by_a_namespace_hash() ->
             return isinstance(other, Ns)
 
     m = CopyOnWriteStateMap()
-    m.put_many(np.arange(64, dtype=np.int64), Ns(), states)
-    assert len(m) == 64 and all(type(s) is object for _, _, s in m)
+    with pytest.raises(RuntimeError, match="list of states changed size"):
+        m.put_many(np.arange(64, dtype=np.int64), Ns(), states)
+    # no entry is left behind without its state
+    assert len(m) == sum(1 for _ in m) and all(type(s) is object for _, _, s in m)
 
 
 def test_errors_keep_their_type_while_released_memory_is_being_reclaimed() -> None:
