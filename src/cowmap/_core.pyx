@@ -8,7 +8,6 @@ Python surface over it.
 cimport cython
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
-from cpython.sequence cimport PySequence_Fast, PySequence_Fast_GET_SIZE, PySequence_Fast_ITEMS
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 import numpy as np

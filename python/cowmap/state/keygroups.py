@@ -67,12 +67,16 @@ class KeyGroupRange:
         return KeyGroupRange(start, end) if start <= end else KeyGroupRange(0, -1)
 
 
-def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
-    """The parallel operator that owns ``key_group``: ``key_group * parallelism // max_parallelism``."""
+def _check_parallelisms(max_parallelism: int, parallelism: int) -> None:
     _check_parallelism("max_parallelism", max_parallelism)
     _check_parallelism("parallelism", parallelism)
     if parallelism > max_parallelism:
         raise ValueError(f"parallelism {parallelism} exceeds max_parallelism {max_parallelism}")
+
+
+def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_group: int) -> int:
+    """The parallel operator that owns ``key_group``: ``key_group * parallelism // max_parallelism``."""
+    _check_parallelisms(max_parallelism, parallelism)
     if not 0 <= key_group < max_parallelism:
         raise ValueError(f"key_group must be within 0..{max_parallelism - 1}, got {key_group}")
     return key_group * parallelism // max_parallelism
@@ -80,10 +84,7 @@ def operator_index_for_key_group(max_parallelism: int, parallelism: int, key_gro
 
 def key_group_range_for_operator(max_parallelism: int, parallelism: int, index: int) -> KeyGroupRange:
     """The inclusive key-group range of operator ``index`` (Flink's formula)."""
-    _check_parallelism("max_parallelism", max_parallelism)
-    _check_parallelism("parallelism", parallelism)
-    if parallelism > max_parallelism:
-        raise ValueError(f"parallelism {parallelism} exceeds max_parallelism {max_parallelism}")
+    _check_parallelisms(max_parallelism, parallelism)
     if not 0 <= index < parallelism:
         raise ValueError(f"operator index must be within 0..{parallelism - 1}, got {index}")
     start = (index * max_parallelism + parallelism - 1) // parallelism
