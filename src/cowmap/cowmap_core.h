@@ -13,16 +13,19 @@
  *    therefore copies only the page-pointer arrays (capacity/512 pointers).
  *  - Nothing is reference-counted per entry. An entry or page that leaves the
  *    live map while a snapshot may still see it (version < required) is
- *    "retired" onto the list of the newest live snapshot; when that snapshot is
- *    released, each item moves to the next older live snapshot that still sees
- *    it (created before it) or is freed. So memory is freed exactly once.
+ *    "retired" onto the list of the newest live snapshot. A release queues that
+ *    list in O(1); queued items are reclaimed in bounded steps (at release, and
+ *    a few per later operation), each moving to the next older live snapshot
+ *    that still sees it (created before it) or being freed. So memory is freed
+ *    exactly once, and no single call pays for a large snapshot.
  *  - Buckets of the old table below the rehash index are never read again, so
  *    migration never writes old pages; each old page is dropped as soon as the
  *    migration passes its end (the retired table is freed in pieces).
  *
  * All functions run with the GIL held. A `busy` flag rejects re-entrant use
  * (a key's __eq__, a copier or a transform function calling back into the
- * map); object releases are deferred until the map is consistent again.
+ * map); a last reference to an object is released only once the map is
+ * consistent again (other DECREFs run no Python code and happen at once).
  * Memory is taken with PyMem_Raw* so tracemalloc accounts for it.
  */
 #ifndef COWMAP_CORE_H
