@@ -10,7 +10,17 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
-import numpy as np
+
+cdef object _np_module = None
+
+
+cdef object _np():
+    """numpy, imported on first use: ``import cowmap`` alone does not load it."""
+    global _np_module
+    if _np_module is None:
+        import numpy
+        _np_module = numpy
+    return _np_module
 
 cdef extern from *:
     """
@@ -63,7 +73,7 @@ cdef class _Keys:
         dtype = getattr(keys, "dtype", None)
         if dtype is not None and getattr(keys, "ndim", 0) == 1 and (
                 dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize < 8)):
-            self.arr = np.ascontiguousarray(keys, dtype=np.int64)
+            self.arr = _np().ascontiguousarray(keys, dtype=_np().int64)
             self.ks.n = self.arr.shape[0]
             self.ks.seq = NULL
             # an empty int batch still needs a non-NULL pointer: it marks the int path
@@ -219,8 +229,8 @@ cdef class CopyOnWriteStateMap:
     def contains_many(self, keys, namespace):
         """A numpy bool array: which ``keys`` are mapped in ``namespace``."""
         cdef _Keys k = _Keys(keys)
-        out = np.zeros(k.ks.n, dtype=np.bool_)
-        cdef uint8_t[::1] view = out.view(np.uint8)
+        out = _np().zeros(k.ks.n, dtype=_np().bool_)
+        cdef uint8_t[::1] view = out.view(_np().uint8)
         cdef uint8_t dummy = 0
         cm_contains_many(&self.m, &k.ks, namespace, &view[0] if k.ks.n else &dummy)
         return out
