@@ -70,6 +70,7 @@ cdef extern from "cowmap_core.h":
 
     int cm_snapshot(cm_map *m, cm_snap *s) except -1
     void cm_release(cm_map *m, cm_snap *s)
+    object cm_snapshot_versions(const cm_map *m)
     Py_ssize_t cm_reclaim(cm_map *m, Py_ssize_t budget) except -1
     void cm_snapit_init(const cm_snap *s, cm_snapit *it)
     uint32_t cm_snapit_next(const cm_map *m, const cm_snap *s, cm_snapit *it)

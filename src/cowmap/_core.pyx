@@ -22,21 +22,6 @@ cdef object _np():
         _np_module = numpy
     return _np_module
 
-cdef extern from *:
-    """
-    static PyObject *_snapshot_versions(const cm_map *m) {
-        PyObject *out = PyList_New(m->nsnaps);
-        if (!out) return NULL;
-        for (uint32_t i = 0; i < m->nsnaps; i++) {
-            PyObject *v = PyLong_FromUnsignedLong(m->snaps[i].version);
-            if (!v) { Py_DECREF(out); return NULL; }
-            PyList_SET_ITEM(out, i, v);
-        }
-        return out;
-    }
-    """
-    object _snapshot_versions(const cm_map *m)
-
 
 NO_TIMESTAMP = CM_NO_TS
 
@@ -305,7 +290,7 @@ cdef class CopyOnWriteStateMap:
     @property
     def snapshot_versions(self):
         """Versions of the live snapshots, ascending."""
-        return _snapshot_versions(&self.m)
+        return cm_snapshot_versions(&self.m)
 
     @property
     def copier(self):

@@ -1332,6 +1332,18 @@ static Py_ssize_t cm_reclaim(cm_map *m, Py_ssize_t budget) {
     return left;
 }
 
+/* Versions of the live snapshots, ascending, as a list of ints. */
+static PyObject *cm_snapshot_versions(const cm_map *m) {
+    PyObject *out = PyList_New(m->nsnaps);
+    if (!out) return NULL;
+    for (uint32_t i = 0; i < m->nsnaps; i++) {
+        PyObject *v = PyLong_FromUnsignedLong(m->snaps[i].version);
+        if (!v) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, i, v);
+    }
+    return out;
+}
+
 static void cm_snap_free_views(cm_snap *s) {
     PyMem_RawFree(s->primary.pages); s->primary.pages = NULL;
     PyMem_RawFree(s->rehash.pages); s->rehash.pages = NULL;
