@@ -11,16 +11,6 @@ from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 
-cdef object _np_module = None
-
-
-cdef object _np():
-    """numpy, imported on first use: ``import cowmap`` alone does not load it."""
-    global _np_module
-    if _np_module is None:
-        import numpy
-        _np_module = numpy
-    return _np_module
 
 
 NO_TIMESTAMP = CM_NO_TS
@@ -55,10 +45,11 @@ cdef class _Keys:
     cdef const int64_t[::1] arr
 
     def __cinit__(self, keys):
+        import numpy as np  # here, not at module level: `import cowmap` alone does not load numpy
         dtype = getattr(keys, "dtype", None)
         if dtype is not None and getattr(keys, "ndim", 0) == 1 and (
                 dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize < 8)):
-            self.arr = _np().ascontiguousarray(keys, dtype=_np().int64)
+            self.arr = np.ascontiguousarray(keys, dtype=np.int64)
             self.ks.n = self.arr.shape[0]
             self.ks.seq = NULL
             # an empty int batch still needs a non-NULL pointer: it marks the int path
@@ -213,9 +204,10 @@ cdef class CopyOnWriteStateMap:
 
     def contains_many(self, keys, namespace):
         """A numpy bool array: which ``keys`` are mapped in ``namespace``."""
+        import numpy as np
         cdef _Keys k = _Keys(keys)
-        out = _np().zeros(k.ks.n, dtype=_np().bool_)
-        cdef uint8_t[::1] view = out.view(_np().uint8)
+        out = np.zeros(k.ks.n, dtype=np.bool_)
+        cdef uint8_t[::1] view = out.view(np.uint8)
         cdef uint8_t dummy = 0
         cm_contains_many(&self.m, &k.ks, namespace, &view[0] if k.ks.n else &dummy)
         return out

@@ -4,16 +4,6 @@
 from libc.stdint cimport int32_t, int64_t
 
 
-cdef object _np_module = None
-
-
-cdef object _np():
-    """numpy, imported on first use: ``import cowmap`` alone does not load it."""
-    global _np_module
-    if _np_module is None:
-        import numpy
-        _np_module = numpy
-    return _np_module
 
 cdef extern from "keyhash.h":
     int32_t kh_murmur(int32_t code)
@@ -58,13 +48,14 @@ def key_groups_for(keys, long max_parallelism):
     cdef Py_ssize_t i, n
     cdef const int64_t[::1] arr
     cdef int32_t[::1] out
+    import numpy as np  # here, not at module level: `import cowmap` alone does not load numpy
     _check_max_parallelism(max_parallelism)
     dtype = getattr(keys, "dtype", None)
     if dtype is not None and dtype.kind in "iu" and getattr(keys, "ndim", 0) == 1 and not (
             dtype.kind == "u" and dtype.itemsize == 8):
-        arr = _np().ascontiguousarray(keys, dtype=_np().int64)
+        arr = np.ascontiguousarray(keys, dtype=np.int64)
         n = arr.shape[0]
-        result = _np().empty(n, dtype=_np().int32)
+        result = np.empty(n, dtype=np.int32)
         out = result
         for i in range(n):
             out[i] = kh_murmur(kh_int64(arr[i])) % max_parallelism
@@ -73,7 +64,7 @@ def key_groups_for(keys, long max_parallelism):
         keys = keys.tolist()
     seq = list(keys)
     n = len(seq)
-    result = _np().empty(n, dtype=_np().int32)
+    result = np.empty(n, dtype=np.int32)
     out = result
     for i in range(n):
         kh_hash(seq[i], &h, 0)

@@ -555,8 +555,8 @@ typedef struct {
     int found;
 } cm_loc;
 
-static inline int cm_locate(cm_map *m, const cm_probe *p, cm_loc *loc, int rehash) {
-    if (rehash && m->rehash.capacity && cm_rehash_step(m) < 0) return -1;
+static inline int cm_locate(cm_map *m, const cm_probe *p, cm_loc *loc) {
+    if (m->rehash.capacity && cm_rehash_step(m) < 0) return -1;
     loc->t = cm_select(m, p->hash);
     loc->found = cm_find(m, loc->t, p, &loc->idx, &loc->prev);
     return loc->found < 0 ? -1 : 0;
@@ -668,9 +668,9 @@ static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t 
 }
 
 /* Write `state` (borrowed) at the probe; creates the entry if needed. */
-static int cm_put_probe(cm_map *m, const cm_probe *p, PyObject *state, int64_t ts, int rehash) {
+static int cm_put_probe(cm_map *m, const cm_probe *p, PyObject *state, int64_t ts) {
     cm_loc loc;
-    if (cm_locate(m, p, &loc, rehash) < 0) return -1;
+    if (cm_locate(m, p, &loc) < 0) return -1;
     uint32_t w = loc.found ? cm_writable(m, p, &loc) : cm_add_entry(m, p, loc.t);
     if (!w) return -1;
     Py_INCREF(state);
@@ -683,7 +683,7 @@ static int cm_put_probe(cm_map *m, const cm_probe *p, PyObject *state, int64_t t
 static PyObject *cm_get(cm_map *m, PyObject *key, PyObject *ns) {
     cm_probe p; cm_loc loc; PyObject *r = NULL;
     if (cm_enter(m) < 0) return NULL;
-    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         if (loc.found) r = cm_read_state(m, &p, &loc);
         else { r = Py_None; Py_INCREF(r); }
     }
@@ -695,7 +695,7 @@ static PyObject *cm_get(cm_map *m, PyObject *key, PyObject *ns) {
 static PyObject *cm_get_with_ts(cm_map *m, PyObject *key, PyObject *ns) {
     cm_probe p; cm_loc loc; PyObject *r = NULL;
     if (cm_enter(m) < 0) return NULL;
-    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         if (loc.found) {
             int64_t ts = cm_E(m, loc.idx)->ts; /* a copy made by the read keeps it */
             PyObject *s = cm_read_state(m, &p, &loc);
@@ -709,7 +709,7 @@ static PyObject *cm_get_with_ts(cm_map *m, PyObject *key, PyObject *ns) {
 static PyObject *cm_timestamp(cm_map *m, PyObject *key, PyObject *ns) {
     cm_probe p; cm_loc loc; PyObject *r = NULL;
     if (cm_enter(m) < 0) return NULL;
-    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         if (loc.found) r = PyLong_FromLongLong(cm_E(m, loc.idx)->ts);
         else { r = Py_None; Py_INCREF(r); }
     }
@@ -721,7 +721,7 @@ static PyObject *cm_timestamp(cm_map *m, PyObject *key, PyObject *ns) {
 static int cm_set_timestamp(cm_map *m, PyObject *key, PyObject *ns, int64_t ts) {
     cm_probe p; cm_loc loc; int r = -1;
     if (cm_enter(m) < 0) return -1;
-    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         if (!loc.found) r = 0;
         else {
             uint32_t w = cm_writable(m, &p, &loc);
@@ -736,7 +736,7 @@ static int cm_set_timestamp(cm_map *m, PyObject *key, PyObject *ns, int64_t ts) 
 static int cm_contains(cm_map *m, PyObject *key, PyObject *ns) {
     cm_probe p; cm_loc loc; int r = -1;
     if (cm_enter(m) < 0) return -1;
-    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) r = loc.found;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) r = loc.found;
     cm_leave(m);
     return r;
 }
@@ -744,7 +744,7 @@ static int cm_contains(cm_map *m, PyObject *key, PyObject *ns) {
 static int cm_put(cm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
     cm_probe p; int r = -1;
     if (cm_enter(m) < 0) return -1;
-    if (cm_make_probe(&p, key, ns) == 0) r = cm_put_probe(m, &p, state, ts, 1);
+    if (cm_make_probe(&p, key, ns) == 0) r = cm_put_probe(m, &p, state, ts);
     cm_leave(m);
     return r;
 }
@@ -752,7 +752,7 @@ static int cm_put(cm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
 static PyObject *cm_put_and_get_old(cm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
     cm_probe p; cm_loc loc; PyObject *old = NULL;
     if (cm_enter(m) < 0) return NULL;
-    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         if (loc.found) old = cm_old_state(m, cm_E(m, loc.idx));
         else { old = Py_None; Py_INCREF(old); }
         if (old) {
@@ -766,9 +766,9 @@ static PyObject *cm_put_and_get_old(cm_map *m, PyObject *key, PyObject *ns, PyOb
 }
 
 /* Removes if present; *old (if not NULL) receives the old state or None. 1/0/-1. */
-static int cm_remove_probe(cm_map *m, const cm_probe *p, PyObject **old, int rehash) {
+static int cm_remove_probe(cm_map *m, const cm_probe *p, PyObject **old) {
     cm_loc loc;
-    if (cm_locate(m, p, &loc, rehash) < 0) return -1;
+    if (cm_locate(m, p, &loc) < 0) return -1;
     if (!loc.found) {
         if (old) { *old = Py_None; Py_INCREF(Py_None); }
         return 0;
@@ -784,7 +784,7 @@ static int cm_remove_probe(cm_map *m, const cm_probe *p, PyObject **old, int reh
 static int cm_remove(cm_map *m, PyObject *key, PyObject *ns) {
     cm_probe p; int r = -1;
     if (cm_enter(m) < 0) return -1;
-    if (cm_make_probe(&p, key, ns) == 0) r = cm_remove_probe(m, &p, NULL, 1);
+    if (cm_make_probe(&p, key, ns) == 0) r = cm_remove_probe(m, &p, NULL);
     cm_leave(m);
     return r;
 }
@@ -792,7 +792,7 @@ static int cm_remove(cm_map *m, PyObject *key, PyObject *ns) {
 static PyObject *cm_remove_and_get_old(cm_map *m, PyObject *key, PyObject *ns) {
     cm_probe p; PyObject *old = NULL;
     if (cm_enter(m) < 0) return NULL;
-    if (cm_make_probe(&p, key, ns) == 0) cm_remove_probe(m, &p, &old, 1);
+    if (cm_make_probe(&p, key, ns) == 0) cm_remove_probe(m, &p, &old);
     cm_leave(m);
     return old;
 }
@@ -801,7 +801,7 @@ static PyObject *cm_remove_and_get_old(cm_map *m, PyObject *key, PyObject *ns) {
 static int cm_transform(cm_map *m, PyObject *key, PyObject *ns, PyObject *value, PyObject *fn, int64_t ts) {
     cm_probe p; cm_loc loc; int r = -1;
     if (cm_enter(m) < 0) return -1;
-    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc, 1) == 0) {
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         PyObject *arg;
         if (loc.found) arg = cm_old_state(m, cm_E(m, loc.idx));
         else { arg = Py_None; Py_INCREF(arg); }
@@ -937,7 +937,7 @@ typedef struct {
 /* One key of a batch through the general path (rehash step, copy-on-write). */
 static int cm_batch_one(cm_map *m, const cm_batch *bt, const cm_probe *p, Py_ssize_t i) {
     cm_loc loc;
-    if (cm_locate(m, p, &loc, 1) < 0) return -1;
+    if (cm_locate(m, p, &loc) < 0) return -1;
     if (bt->mode == CM_B_PUT) {
         /* read the state after the lookup (which may run Python code) and own
          * it before the insert (which may too); a failure leaves no entry */
@@ -1182,7 +1182,7 @@ static Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
     if (ks->ints) cm_pf_init(ks, &pf, hn); else pf.hn = hn;
     for (Py_ssize_t i = 0; i < ks->n; i++) {
         int r;
-        if (cm_batch_probe(m, ks, i, ns, &pf, &p, 1) < 0 || (r = cm_remove_probe(m, &p, NULL, 1)) < 0) {
+        if (cm_batch_probe(m, ks, i, ns, &pf, &p, 1) < 0 || (r = cm_remove_probe(m, &p, NULL)) < 0) {
             removed = -1;
             goto done;
         }
