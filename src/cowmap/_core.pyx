@@ -219,20 +219,27 @@ cdef class CopyOnWriteStateMap:
 
     # ------------------------------------------------------------------ TTL
 
-    def sweep_expired(self, now, ttl, max_entries=5):
+    def sweep_expired(self, now, ttl, max_entries=5, removed=None):
         """Remove entries with ``ts + ttl <= now`` (overflow-safe), incrementally.
 
         Each call examines about ``max_entries`` entries (whole bucket chains)
         from where the previous call stopped, wrapping around, like Flink's
         incremental TTL cleanup; ``max_entries=None`` makes one full pass.
-        The expiry check runs in C. Returns the number of entries removed.
+        The expiry check runs in C. Returns the number of entries removed;
+        if ``removed`` is a list, each removed entry is appended to it as
+        ``(key, namespace, state)``.
         """
         cdef Py_ssize_t n = -1
+        cdef PyObject *sink = NULL
         if max_entries is not None:
             n = max_entries
             if n < 0:
                 raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
-        return cm_sweep(&self.m, _as_ts(now, "now"), _as_ts(ttl, "ttl"), n)
+        if removed is not None:
+            if type(removed) is not list:
+                raise TypeError(f"removed must be a list or None, not {type(removed).__name__}")
+            sink = <PyObject *>removed
+        return cm_sweep(&self.m, _as_ts(now, "now"), _as_ts(ttl, "ttl"), n, sink)
 
     # ------------------------------------------------------------ whole map
 

@@ -1488,8 +1488,10 @@ static inline int cm_expired(int64_t ts, int64_t ttl, int64_t now) {
 }
 
 /* Removes expired entries of bucket b of t; returns the number removed and
- * adds the chain length to *examined. */
-static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t now, int64_t ttl, Py_ssize_t *examined) {
+ * adds the chain length to *examined. With a `sink` list, each removed entry
+ * is appended to it as (key, namespace, state) first. */
+static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t now, int64_t ttl,
+                                  Py_ssize_t *examined, PyObject *sink) {
     Py_ssize_t removed = 0;
     uint32_t prev = 0, i = cm_slot_get(t, b);
     while (i) {
@@ -1497,6 +1499,13 @@ static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t no
         uint32_t next = e->next;
         (*examined)++;
         if (cm_expired(e->ts, ttl, now)) {
+            if (sink) {
+                PyObject *tup = cm_entry_tuple(e, 0);
+                if (!tup) return -1;
+                int rc = PyList_Append(sink, tup);
+                Py_DECREF(tup);
+                if (rc < 0) return -1;
+            }
             if (cm_unlink(m, t, b, i, prev) < 0) return -1;
             removed++;
             /* prev may have been copied by the unlink: find it again */
@@ -1516,7 +1525,7 @@ static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t no
 /* Flink's incremental cleanup: visit chains until max_entries entries were
  * examined (or max_entries empty buckets scanned); wraps around at the end.
  * max_entries < 0: one full pass. Never calls into Python for the check. */
-static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries) {
+static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) {
     if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return -1; }
     if (cm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
@@ -1530,7 +1539,7 @@ static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
         if (r < 0) { m->sweep.phase = 2; break; } /* the next call starts a new round */
         if (r == 0) break;
         for (int k = 0; k < vp.n; k++) {
-            Py_ssize_t n = cm_sweep_bucket(m, vp.t[k], vp.b[k], now, ttl, &examined);
+            Py_ssize_t n = cm_sweep_bucket(m, vp.t[k], vp.b[k], now, ttl, &examined, sink);
             if (n < 0) { removed = -1; goto out; }
             removed += n;
         }

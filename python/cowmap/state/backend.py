@@ -1,0 +1,208 @@
+"""``KeyedStateBackend``: the registry of keyed states and the current-key context."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Iterator
+
+from cowmap._keygroups import key_group_for
+from cowmap.state.descriptors import (
+    AggregatingStateDescriptor,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+    StateDescriptor,
+    ValueStateDescriptor,
+)
+from cowmap.state.keygroups import KeyGroupRange, _check_parallelism
+from cowmap.state.list_state import ListState, ListTable
+from cowmap.state.map_state import MapState, MapTable
+from cowmap.state.merging_states import AggregatingState, AggregatingTable, ReducingState, ReducingTable
+from cowmap.state.snapshot import KeyedStateSnapshot
+from cowmap.state.table import VOID_NAMESPACE, State, StateTable
+from cowmap.state.value_state import ValueState, ValueTable
+
+__all__ = ["KeyedStateBackend"]
+
+_TABLES: dict[str, type[StateTable]] = {
+    t.kind: t for t in (ValueTable, ListTable, MapTable, ReducingTable, AggregatingTable)
+}
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class KeyedStateBackend:
+    """Keyed state for one operator instance, like Flink's ``HeapKeyedStateBackend``.
+
+    Set the current key with :meth:`set_current_key`, then use the state objects
+    returned by :meth:`get_state` and friends; each reads and writes the entry of
+    the current key (and the state's current namespace). Every state keeps one
+    :class:`~cowmap.CopyOnWriteStateMap` per key group, so :meth:`snapshot` is
+    cheap and consistent, and :meth:`restore` can take any subset of key groups
+    (rescaling).
+
+    Args:
+        max_parallelism: number of key groups (1..32768), fixed for the job's life.
+        key_group_range: the key groups this backend owns (all by default);
+            ``set_current_key`` with a key outside it raises ``ValueError``.
+        time_provider: a callable returning the current time in milliseconds, for
+            TTL (wall-clock time by default).
+
+    Not thread-safe: use a backend from one thread (snapshots may be read from others).
+    """
+
+    def __init__(
+        self,
+        max_parallelism: int = 128,
+        key_group_range: KeyGroupRange | None = None,
+        time_provider: Callable[[], int] | None = None,
+    ) -> None:
+        _check_parallelism("max_parallelism", max_parallelism)
+        if key_group_range is None:
+            key_group_range = KeyGroupRange(0, max_parallelism - 1)
+        elif not isinstance(key_group_range, KeyGroupRange):
+            raise TypeError(f"key_group_range must be a KeyGroupRange, not {type(key_group_range).__name__}")
+        elif key_group_range.end >= max_parallelism:
+            raise ValueError(f"key_group_range {key_group_range} exceeds max_parallelism {max_parallelism}")
+        if time_provider is not None and not callable(time_provider):
+            raise TypeError(f"time_provider must be callable, not {type(time_provider).__name__}")
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
+        self._lo = key_group_range.start
+        self._hi = key_group_range.end
+        self._time = time_provider if time_provider is not None else _wall_clock_ms
+        self._key: Any = None
+        self._kg: int | None = None
+        self._epoch = 0  # bumped on every set_current_key; states cache per-key data by it
+        self._tables: dict[str, StateTable] = {}
+        self._views: dict[str, State] = {}
+        self._record_cleanups: list[StateTable] = []
+
+    # ------------------------------------------------------------ key context
+
+    def set_current_key(self, key: Any) -> None:
+        """Make ``key`` the key that state accesses read and write."""
+        kg = key_group_for(key, self.max_parallelism)  # TypeError for None / unhashable keys
+        if not self._lo <= kg <= self._hi:
+            raise ValueError(
+                f"key {key!r} is in key group {kg}, outside this backend's range {self.key_group_range}"
+            )
+        self._key = key
+        self._kg = kg
+        self._epoch += 1
+        for t in self._record_cleanups:
+            t.cleanup_step()
+
+    def get_current_key(self) -> Any:
+        return self._key
+
+    def get_current_key_group(self) -> int | None:
+        return self._kg
+
+    def now(self) -> int:
+        """The time provider's current time, in milliseconds."""
+        now = self._time()
+        if not isinstance(now, int):
+            if isinstance(now, float) and now.is_integer():
+                return int(now)
+            raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
+        return now
+
+    # ------------------------------------------------------------ registration
+
+    def _register(self, descriptor: StateDescriptor, expected: type[StateDescriptor]) -> Any:
+        if not isinstance(descriptor, expected):
+            raise TypeError(f"expected a {expected.__name__}, not {type(descriptor).__name__}")
+        name = descriptor.name
+        table = self._tables.get(name)
+        view = self._views.get(name)
+        if view is not None and table is not None and table.descriptor is descriptor:
+            return view
+        if table is None:
+            table = _TABLES[descriptor.kind](self, descriptor)
+            self._tables[name] = table
+        else:
+            table.configure(descriptor)  # ValueError when the kind differs
+        if table.cleanup_every_record and table not in self._record_cleanups:
+            self._record_cleanups.append(table)
+        elif not table.cleanup_every_record and table in self._record_cleanups:
+            self._record_cleanups.remove(table)
+        view = table.view_class(table)
+        self._views[name] = view
+        return view
+
+    def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
+        return self._register(descriptor, ValueStateDescriptor)
+
+    def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+        return self._register(descriptor, ListStateDescriptor)
+
+    def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+        return self._register(descriptor, MapStateDescriptor)
+
+    def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+        return self._register(descriptor, ReducingStateDescriptor)
+
+    def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+        return self._register(descriptor, AggregatingStateDescriptor)
+
+    # ------------------------------------------------------------ whole backend
+
+    def state_names(self) -> list[str]:
+        return list(self._tables)
+
+    def _table(self, state_name: str) -> StateTable:
+        try:
+            return self._tables[state_name]
+        except KeyError:
+            raise KeyError(f"no state named {state_name!r} (registered: {sorted(self._tables)})") from None
+
+    def keys(self, state_name: str, namespace: Any = VOID_NAMESPACE) -> Iterator[Any]:
+        """The keys with an entry in ``state_name`` under ``namespace`` (expired
+        entries not yet cleaned up included, as in Flink's ``getKeys``). Changing
+        the state while iterating raises ``RuntimeError``."""
+        return self._table(state_name).keys(namespace)
+
+    def num_entries(self) -> int:
+        """The number of ``(key, namespace)`` entries over all states."""
+        return sum(t.num_entries() for t in self._tables.values())
+
+    def snapshot(self) -> KeyedStateSnapshot:
+        """A consistent snapshot of every state, cheap to take (copy-on-write)."""
+        snap = KeyedStateSnapshot(self.max_parallelism, self.key_group_range, self.now())
+        for table in self._tables.values():
+            snap._add(table)
+        return snap
+
+    def restore(self, snapshot: KeyedStateSnapshot) -> None:
+        """Add the entries of ``snapshot`` whose key groups this backend owns.
+
+        Call it once per old snapshot to merge several (scale-in). States the
+        backend has not registered yet are created from the snapshot's
+        descriptors; registering one later with another kind raises ``ValueError``.
+        """
+        if not isinstance(snapshot, KeyedStateSnapshot):
+            raise TypeError(f"expected a KeyedStateSnapshot, not {type(snapshot).__name__}")
+        if snapshot.max_parallelism != self.max_parallelism:
+            raise ValueError(
+                f"snapshot has max_parallelism {snapshot.max_parallelism}, this backend "
+                f"{self.max_parallelism}: key groups cannot be mapped"
+            )
+        snapshot._check()
+        for name, s in snapshot._states.items():
+            table = self._tables.get(name)
+            if table is None:
+                table = self._tables[name] = _TABLES[s.descriptor.kind](self, s.descriptor)
+            elif table.kind != s.descriptor.kind:
+                raise ValueError(f"state {name!r} is {table.kind} state here but {s.descriptor.kind} in the snapshot")
+            for kg in sorted(s.maps):
+                if self._lo <= kg <= self._hi:
+                    table.import_records(kg, snapshot._entries_of(s, kg))
+
+    def __repr__(self) -> str:
+        return (
+            f"<KeyedStateBackend max_parallelism={self.max_parallelism} "
+            f"key_groups={self.key_group_range} states={sorted(self._tables)}>"
+        )

@@ -1,0 +1,227 @@
+"""``ListState``: a list of values per key and namespace.
+
+Without TTL the core entry holds a plain Python list. With TTL each element
+carries its own timestamp: the list is stored flat, ``[v0, ts0, v1, ts1, ...]``,
+and the core entry's timestamp is the newest element's, so the C sweep drops a
+list whose elements have all expired. A partly expired list is trimmed when it
+is read (Flink's heap backend trims it on its incremental-cleanup visit; what
+``get`` returns is the same).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+from cowmap._core import CopyOnWriteStateMap, StateMapSnapshot
+from cowmap.state.table import State, StateTable
+
+__all__ = ["ListState", "ListTable"]
+
+
+def _checked(values: Iterable[Any], what: str) -> list[Any]:
+    if values is None:
+        raise ValueError(f"the list of values to {what} must not be None")
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"expected an iterable of values to {what}, not {type(values).__name__}")
+    out = list(values)
+    for v in out:
+        if v is None:
+            raise ValueError("a ListState cannot hold None")
+    return out
+
+
+class ListState(State):
+    """A list of values per key and namespace (Flink's ``ListState``).
+
+    ``get()`` returns a new list (``[]`` when empty); None elements are rejected
+    with ``ValueError``; ``update([])`` clears.
+    """
+
+    __slots__ = ()
+
+    def _map(self, write: bool) -> CopyOnWriteStateMap | None:
+        t = self._t
+        b = self._b
+        try:
+            m = t.maps[b._kg]
+        except TypeError:
+            raise self._no_key() from None
+        if m is None and write:
+            m = t.map_for_write(b._kg)
+        if t.cleanup_size:
+            t.cleanup_step()
+        return m
+
+    def get(self) -> list[Any]:
+        t = self._t
+        m = self._map(False)
+        if m is None:
+            return []
+        key, ns = self._b._key, self._ns
+        lst = m.get(key, ns)
+        if lst is None:
+            return []
+        if not t.ttl:
+            return list(lst)
+        now = self._b.now()
+        values = lst[0::2]
+        stamps = lst[1::2]
+        if not t.is_expired(min(stamps), now):
+            if t.update_on_read:
+                lst[1::2] = [now] * len(stamps)
+                m.set_timestamp(key, ns, now)
+            return values
+        live = [not t.is_expired(ts, now) for ts in stamps]
+        if not any(live):
+            m.remove(key, ns)
+            return values if t.return_expired else []
+        if t.update_on_read:
+            kept = [x for v, ok in zip(values, live) if ok for x in (v, now)]
+            m.put(key, ns, kept, now)
+        elif not t.return_expired:
+            # drop what no read can return any more (Flink's cleanup would)
+            kept = [x for v, ts, ok in zip(values, stamps, live) if ok for x in (v, ts)]
+            m.put(key, ns, kept, max(kept[1::2]))
+        if t.return_expired:
+            return values
+        return [v for v, ok in zip(values, live) if ok]
+
+    def add(self, value: Any) -> None:
+        if value is None:
+            raise ValueError("a ListState cannot hold None")
+        self._append([value])
+
+    def add_all(self, values: Iterable[Any]) -> None:
+        vals = _checked(values, "add")
+        if vals:
+            self._append(vals)
+
+    def _append(self, vals: list[Any]) -> None:
+        m = self._map(True)
+        assert m is not None
+        key, ns = self._b._key, self._ns
+        lst = m.get(key, ns)  # a private copy if a snapshot shares it
+        if not self._t.ttl:
+            if lst is None:
+                m.put(key, ns, vals)
+            else:
+                lst.extend(vals)
+            return
+        now = self._b.now()
+        flat = [x for v in vals for x in (v, now)]
+        if lst is None:
+            m.put(key, ns, flat, now)
+        else:
+            lst.extend(flat)
+            m.set_timestamp(key, ns, now)
+
+    def update(self, values: Iterable[Any]) -> None:
+        vals = _checked(values, "update")
+        m = self._map(True)
+        assert m is not None
+        key, ns = self._b._key, self._ns
+        if not vals:
+            m.remove(key, ns)
+        elif not self._t.ttl:
+            m.put(key, ns, vals)
+        else:
+            now = self._b.now()
+            m.put(key, ns, [x for v in vals for x in (v, now)], now)
+
+    def clear(self) -> None:
+        t = self._t
+        b = self._b
+        try:
+            m = t.maps[b._kg]
+        except TypeError:
+            raise self._no_key() from None
+        if m is not None:
+            m.remove(b._key, self._ns)
+        if t.cleanup_size:
+            t.cleanup_step()
+
+    def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
+        """Append the lists of ``sources`` (removed) to the list of ``target``,
+        elements keeping their timestamps."""
+        t = self._t
+        b = self._b
+        try:
+            m = t.maps[b._kg]
+        except TypeError:
+            raise self._no_key() from None
+        if m is None:
+            return
+        key = b._key
+        merged: list[Any] = []
+        for src in sources:
+            if src is not None:
+                lst = m.remove_and_get_old(key, src)
+                if lst:
+                    merged.extend(lst)
+        if not merged:
+            return
+        lst = m.get(key, target)
+        if lst is None:
+            if t.ttl:
+                m.put(key, target, merged, max(merged[1::2]))
+            else:
+                m.put(key, target, merged)
+        else:
+            lst.extend(merged)
+            if t.ttl:
+                m.set_timestamp(key, target, max(lst[1::2]))
+
+
+class ListTable(StateTable):
+    kind = "list"
+    view_class = ListState
+
+    def configure(self, descriptor: Any) -> None:
+        had_ttl = bool(getattr(self, "ttl", 0))
+        super().configure(descriptor)
+        if had_ttl != bool(self.ttl):  # re-registered with(out) TTL: change the stored form
+            now = self.now()
+            for kg in self.live:
+                m = self.maps[kg]
+                for key, ns, lst in list(m):  # type: ignore[union-attr]
+                    if self.ttl:
+                        m.put(key, ns, [x for v in lst for x in (v, now)], now)  # type: ignore[union-attr]
+                    else:
+                        m.put(key, ns, lst[0::2])  # type: ignore[union-attr]
+
+    def copy_state(self, state: list[Any]) -> list[Any]:
+        copy = self.copy_value
+        return [copy(v) for v in state]
+
+    def export(self, snap: StateMapSnapshot, now: int | None) -> Iterator[tuple[Any, ...]]:
+        """``(key, namespace, values, timestamps)``; timestamps None without TTL."""
+        ttl = self.ttl
+        for key, ns, lst, _ in snap.iter_with_timestamps():
+            if not ttl:
+                yield key, ns, list(lst), None
+                continue
+            values, stamps = lst[0::2], lst[1::2]
+            if now is not None:
+                keep = [not self.is_expired(ts, now) for ts in stamps]
+                values = [v for v, ok in zip(values, keep) if ok]
+                stamps = [ts for ts, ok in zip(stamps, keep) if ok]
+                if not values:
+                    continue
+            yield key, ns, values, stamps
+
+    def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
+        m = self.map_for_write(kg)
+        ttl = self.ttl
+        for key, ns, values, stamps in records:
+            if not values:
+                continue
+            if stamps is None:
+                stamps = [self.now()] * len(values)
+            old = m.get(key, ns)
+            if ttl:
+                flat = [x for v, ts in zip(values, stamps) for x in (v, ts)]
+                if old is not None:
+                    flat = old + flat
+                m.put(key, ns, flat, max(flat[1::2]))
+            else:
+                m.put(key, ns, (old or []) + list(values))

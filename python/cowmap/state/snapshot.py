@@ -1,0 +1,115 @@
+"""``KeyedStateSnapshot``: one consistent, releasable snapshot of a backend's states."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+from cowmap._core import StateMapSnapshot
+from cowmap.state.descriptors import StateDescriptor
+from cowmap.state.keygroups import KeyGroupRange
+
+if TYPE_CHECKING:
+    from cowmap.state.table import StateTable
+
+__all__ = ["KeyedStateSnapshot"]
+
+
+@dataclass
+class _StateSnapshot:
+    table: StateTable
+    descriptor: StateDescriptor
+    maps: dict[int, StateMapSnapshot]
+    #: the time of the snapshot when expired values are to be left out, else None
+    cleanup_now: int | None
+
+
+class KeyedStateSnapshot:
+    """The states of a :class:`KeyedStateBackend` as they were at ``snapshot()``.
+
+    Taking it costs O(number of key-group maps); the backend keeps working and
+    the snapshot stays unchanged (copy-on-write). Read it with :meth:`entries`,
+    hand it to ``KeyedStateBackend.restore`` (any number of times, into any
+    backends of the same ``max_parallelism``), and :meth:`release` it (or use it
+    as a context manager) so the backend stops copying on its behalf.
+    """
+
+    def __init__(self, max_parallelism: int, key_group_range: KeyGroupRange, timestamp: int) -> None:
+        self.max_parallelism = max_parallelism
+        self.key_group_range = key_group_range
+        #: the backend's time when the snapshot was taken (ms)
+        self.timestamp = timestamp
+        self._states: dict[str, _StateSnapshot] = {}
+        self._released = False
+
+    def _add(self, table: StateTable) -> None:
+        cleanup_now = self.timestamp if table.ttl and table.cleanup_full_snapshot else None
+        self._states[table.name] = _StateSnapshot(table, table.descriptor, table.snapshot_maps(), cleanup_now)
+
+    def _check(self) -> None:
+        if self._released:
+            raise RuntimeError("this snapshot has been released")
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def state_names(self) -> list[str]:
+        self._check()
+        return list(self._states)
+
+    def kind(self, state_name: str) -> str:
+        """``"value"``, ``"list"``, ``"map"``, ``"reducing"`` or ``"aggregating"``."""
+        return self._state(state_name).descriptor.kind
+
+    def descriptor(self, state_name: str) -> StateDescriptor:
+        return self._state(state_name).descriptor
+
+    def _state(self, state_name: str) -> _StateSnapshot:
+        self._check()
+        try:
+            return self._states[state_name]
+        except KeyError:
+            raise KeyError(f"no state {state_name!r} in this snapshot (has {sorted(self._states)})") from None
+
+    def key_groups(self, state_name: str) -> list[int]:
+        return sorted(self._state(state_name).maps)
+
+    def entries(self, state_name: str, key_groups: KeyGroupRange | None = None) -> Iterator[tuple[Any, ...]]:
+        """Flat records of one state, key group by key group:
+
+        - value, reducing, aggregating: ``(key, namespace, value, ts)``;
+        - list: ``(key, namespace, values, timestamps)`` (timestamps None without TTL);
+        - map: ``(key, namespace, user_key, value, ts)``.
+
+        ``ts`` is the last-access time in ms (``NO_TIMESTAMP`` without TTL). With
+        ``cleanup_full_snapshot`` values expired at the snapshot's time are left out.
+        """
+        s = self._state(state_name)
+        for kg in sorted(s.maps):
+            if key_groups is None or kg in key_groups:
+                yield from self._entries_of(s, kg)
+
+    def _entries_of(self, s: _StateSnapshot, kg: int) -> Iterator[tuple[Any, ...]]:
+        self._check()
+        return s.table.export(s.maps[kg], s.cleanup_now)
+
+    def release(self) -> None:
+        """Let the backend stop preserving this snapshot's data. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        for s in self._states.values():
+            for snap in s.maps.values():
+                snap.release()
+
+    def __enter__(self) -> KeyedStateSnapshot:
+        self._check()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else f"states={sorted(self._states)}"
+        return f"<KeyedStateSnapshot max_parallelism={self.max_parallelism} {state}>"

@@ -1,0 +1,178 @@
+"""One registered state's storage: a ``CopyOnWriteStateMap`` per key group.
+
+This is Flink's ``CopyOnWriteStateTable``: the state objects (``ValueState``, ...)
+are thin views that read the backend's current key and key group and the
+view's current namespace, and do their work on the map of that key group.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
+from cowmap.state.descriptors import StateDescriptor
+from cowmap.state.ttl import MAX_TIMESTAMP, StateVisibility, UpdateType
+
+if TYPE_CHECKING:
+    from cowmap.state.backend import KeyedStateBackend
+
+__all__ = ["NO_TIMESTAMP", "VOID_NAMESPACE", "State", "StateTable", "VoidNamespace"]
+
+
+class VoidNamespace:
+    """The namespace of states not scoped to a window (Flink's ``VoidNamespace``)."""
+
+    __slots__ = ()
+    _instance: VoidNamespace | None = None
+
+    def __new__(cls) -> VoidNamespace:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "VOID_NAMESPACE"
+
+    def __reduce__(self) -> str:
+        return "VOID_NAMESPACE"  # unpickles to this module's singleton
+
+
+VOID_NAMESPACE = VoidNamespace()
+
+
+class StateTable:
+    """The maps of one state, its TTL settings and its incremental cleanup.
+
+    Subclasses (one per state kind) say how a state is stored, swept, exported
+    to snapshots and imported from them.
+    """
+
+    kind = ""
+    #: Kind-specific view class made by :meth:`view`.
+    view_class: type[State]
+
+    def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor) -> None:
+        self.backend = backend
+        self.name = descriptor.name
+        self.maps: list[CopyOnWriteStateMap | None] = [None] * backend.max_parallelism
+        self.live: list[int] = []  # key groups with a map, in creation order (cleanup rotation)
+        self._cursor = 0
+        self.configure(descriptor)
+
+    # ------------------------------------------------------------ settings
+
+    def configure(self, descriptor: StateDescriptor) -> None:
+        """(Re)bind the descriptor: its copier, functions and TTL settings."""
+        if descriptor.kind != self.kind:
+            raise ValueError(
+                f"state {descriptor.name!r} is registered as {self.kind} state; cannot use it as {descriptor.kind}"
+            )
+        self.descriptor = descriptor
+        self.copy_value = descriptor.copier
+        cfg = descriptor.ttl_config
+        self.ttl: int = cfg.ttl_ms if cfg is not None else 0
+        self.update_on_read = cfg is not None and cfg.update_type is UpdateType.OnReadAndWrite
+        self.return_expired = cfg is not None and cfg.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
+        self.cleanup_size = cfg.cleanup_size if cfg is not None and cfg.cleanup_in_background else 0
+        self.cleanup_every_record = self.cleanup_size > 0 and cfg is not None and cfg.run_cleanup_for_every_record
+        self.cleanup_full_snapshot = cfg is not None and cfg.cleanup_full_snapshot
+
+    # ------------------------------------------------------------ maps
+
+    def new_map(self) -> CopyOnWriteStateMap:
+        return CopyOnWriteStateMap(copier=self.copy_state)
+
+    def copy_state(self, state: Any) -> Any:
+        """The core's copier: a state shared with a snapshot, copied before a change."""
+        return self.copy_value(state)
+
+    def map_for_write(self, kg: int) -> CopyOnWriteStateMap:
+        m = self.maps[kg]
+        if m is None:
+            m = self.maps[kg] = self.new_map()
+            self.live.append(kg)
+        return m
+
+    def snapshot_maps(self) -> dict[int, StateMapSnapshot]:
+        """One core snapshot per key group that has a map."""
+        return {kg: m.snapshot() for kg, m in enumerate(self.maps) if m is not None}
+
+    def num_entries(self) -> int:
+        return sum(len(self.maps[kg]) for kg in self.live)  # type: ignore[arg-type]
+
+    def keys(self, namespace: Any) -> Iterator[Any]:
+        for kg in self.live:
+            for key, ns, _ in self.maps[kg]:  # type: ignore[union-attr]
+                if ns == namespace:
+                    yield key
+
+    # ------------------------------------------------------------ TTL
+
+    def now(self) -> int:
+        return self.backend.now()
+
+    def is_expired(self, ts: int, now: int) -> bool:
+        end = ts + self.ttl
+        return (end if end < MAX_TIMESTAMP else MAX_TIMESTAMP) <= now
+
+    def cleanup_step(self) -> None:
+        """Flink's incremental cleanup: examine ``cleanup_size`` entries of one map,
+        the maps taken in turn."""
+        live = self.live
+        if not live:
+            return
+        i = self._cursor
+        if i >= len(live):
+            i = 0
+        self._cursor = i + 1
+        self.sweep(live[i], self.now(), self.cleanup_size)
+
+    def sweep(self, kg: int, now: int, max_entries: int | None) -> None:
+        """Remove expired entries of key group ``kg`` (whole states expire together by default)."""
+        self.maps[kg].sweep_expired(now, self.ttl, max_entries)  # type: ignore[union-attr]
+
+    # ------------------------------------------------------------ snapshots
+
+    def export(self, snap: StateMapSnapshot, now: int | None) -> Iterator[tuple[Any, ...]]:
+        """Flat records of one key group's snapshot: ``(key, namespace, value, ts)``.
+        With ``now`` (full-snapshot cleanup) expired values are left out."""
+        for key, ns, state, ts in snap.iter_with_timestamps():
+            if now is None or not self.is_expired(ts, now):
+                yield key, ns, state, ts
+
+    def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
+        """Add exported records of key group ``kg`` (a restore)."""
+        m = self.map_for_write(kg)
+        for key, ns, state, ts in records:
+            m.put(key, ns, state, ts)
+
+
+class State:
+    """Base of the state views: the current namespace and the backend's current key."""
+
+    __slots__ = ("_t", "_b", "_ns", "_default")
+
+    def __init__(self, table: StateTable) -> None:
+        self._t = table
+        self._b = table.backend
+        self._ns: Any = VOID_NAMESPACE
+
+    def set_current_namespace(self, namespace: Any) -> None:
+        """Scope later calls to ``namespace`` (e.g. a window); ``VOID_NAMESPACE`` by default."""
+        if namespace is None:
+            raise TypeError("namespace must not be None (use VOID_NAMESPACE for no namespace)")
+        hash(namespace)  # unhashable -> TypeError now, not at the first access
+        self._ns = namespace
+
+    def get_current_namespace(self) -> Any:
+        return self._ns
+
+    @property
+    def name(self) -> str:
+        return self._t.name
+
+    def _no_key(self) -> RuntimeError:
+        return RuntimeError(f"no current key: call set_current_key() before using state {self._t.name!r}")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self._t.name!r}>"

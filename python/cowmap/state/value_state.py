@@ -1,0 +1,87 @@
+"""``ValueState``: one value per key and namespace; its timestamp lives in the core entry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cowmap.state.table import State, StateTable
+
+__all__ = ["ValueState", "ValueTable"]
+
+
+class ValueState(State):
+    """A single value per key and namespace (Flink's ``ValueState``).
+
+    ``value()`` gives the descriptor's ``default_value`` when nothing is stored (or
+    the value expired); ``update(None)`` is ``clear()``.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, table: StateTable) -> None:
+        super().__init__(table)
+        self._default = table.descriptor.default_value  # type: ignore[attr-defined]
+
+    def value(self) -> Any:
+        t = self._t
+        b = self._b
+        try:
+            m = t.maps[b._kg]
+        except TypeError:
+            raise self._no_key() from None
+        if not t.ttl:
+            if m is None:
+                return self._default
+            v = m.get(b._key, self._ns)
+            return self._default if v is None else v
+        if t.cleanup_size:
+            t.cleanup_step()
+        if m is None:
+            return self._default
+        r = m.get_with_timestamp(b._key, self._ns)
+        if r is None:
+            return self._default
+        v, ts = r
+        now = b.now()
+        if t.is_expired(ts, now):
+            m.remove(b._key, self._ns)
+            return v if t.return_expired else self._default
+        if t.update_on_read:
+            m.set_timestamp(b._key, self._ns, now)
+        return v
+
+    def update(self, value: Any) -> None:
+        t = self._t
+        b = self._b
+        if value is None:
+            self.clear()
+            return
+        try:
+            m = t.maps[b._kg]
+        except TypeError:
+            raise self._no_key() from None
+        if m is None:
+            m = t.map_for_write(b._kg)
+        if not t.ttl:
+            m.put(b._key, self._ns, value)
+            return
+        if t.cleanup_size:
+            t.cleanup_step()
+        m.put(b._key, self._ns, value, b.now())
+
+    def clear(self) -> None:
+        t = self._t
+        b = self._b
+        try:
+            m = t.maps[b._kg]
+        except TypeError:
+            raise self._no_key() from None
+        if m is not None:
+            m.remove(b._key, self._ns)
+        if t.cleanup_size:
+            t.cleanup_step()
+
+
+class ValueTable(StateTable):
+    kind = "value"
+    view_class = ValueState
