@@ -135,7 +135,8 @@ class Row:
     """One line of the summary: cowmap's figure against a comparison figure.
 
     ``kind`` is "ratio" (met when cowmap / comparison <= target) or "abs" (met when cowmap's
-    figure <= target, in ``unit``; the ratio is shown for information).
+    figure <= target, in ``unit``; the ratio is shown for information). ``note`` is printed
+    once under the table.
     """
 
     fig: str
@@ -146,6 +147,7 @@ class Row:
     other_label: str
     kind: str
     target: float
+    note: str = ""  # printed under the table when the row was measured (e.g. a reference figure)
 
 
 def _rows() -> list[Row]:
@@ -178,6 +180,52 @@ def _rows() -> list[Row]:
     rows += [
         Row("6", "1st put after snapshot, 1M, put loop", "ns/op", "cow.put.snapshot", "cow.put.plain", "same put loop, no snapshot", "ratio", 3.0),
         Row("6", "1st put after snapshot, 1M, put_many", "ns/key", "cow.put_many.snapshot", "cow.put_many.plain", "same put_many, no snapshot", "ratio", 3.0),
+    ]
+    return rows + _state_rows()
+
+
+# Keyed-state figures 7-11 (test_bench_state.py). Figure 7: MapState with TTL at these entries
+# per key; the key count is 5000, cut to MAP_MAX_ENTRIES // entries-per-key where that is less.
+MAP_SIZES = (1, 10, 100, 1000, 10_000)
+MAP_KEYS = 5000
+MAP_MAX_ENTRIES = 50_000_000 if FULL else 5_000_000
+#: Figure 7's control: entries per key 1 vs 10,000 at the same total (500k keys x 1, 50 x 10,000).
+MAP_EQ_TOTAL = 500_000
+#: Figure 8: MapState vs ValueState on the records of MAP_KEYS keys x this many user keys.
+MAP_VS_VALUE_SIZE = 100
+FLINK_MAPSTATE_NOTE = (
+    "fig 7 reference, not measured here: Flink 2.3.0 heap backend, MapState.get with TTL, 5000 keys, "
+    "random access (issue #3): 323 ns @1 entry/key, 1,207 @10, 10,705 @100, 44,689 @400 (x138 from 1 to 400)"
+)
+
+
+def map_keys_for(size: int) -> int:
+    """Figure 7's key count at ``size`` entries per key."""
+    return min(MAP_KEYS, MAP_MAX_ENTRIES // size)
+
+
+def _state_rows() -> list[Row]:
+    base = f"{map_keys_for(1):,} keys x 1/key, interleaved"
+    rows = [
+        Row("7", f"MapState TTL get/put, {map_keys_for(n):,} keys x {n:,}/key", "ns/acc", f"map.ttl@{n}",
+            f"map.ttl@{n}.base", base, "ratio", 2.0, FLINK_MAPSTATE_NOTE)
+        for n in MAP_SIZES[1:]
+    ]
+    eq = MAP_EQ_TOTAL
+    rows += [
+        Row("7", f"MapState TTL, {eq // 10_000} keys x 10,000/key (control)", "ns/acc", "map.ttl.eq@10000",
+            "map.ttl.eq@1", f"{eq:,} keys x 1/key (same total)", "ratio", 2.0),
+        Row("8", f"MapState TTL get/put, {MAP_KEYS:,} keys x {MAP_VS_VALUE_SIZE}/key", "ns/acc", "map_vs_value.map",
+            "map_vs_value.value", "ValueState TTL, key (key, ukey)", "ratio", 1.5),
+        Row("9", "ValueState value+update TTL, 1M keys, w/ set_key", "ns/rec", "value.ttl", "value.plain",
+            "same without TTL", "ratio", 1.5),
+        Row("9", "ValueState value+update TTL, 1M keys, net of set_key", "ns/rec", "value.ttl.net",
+            "value.plain.net", "same without TTL", "ratio", 1.5,
+            "fig 9 'net of set_key': each figure minus the same run's loop of set_current_key alone"),
+        Row("10", "ValueState value+update, 1M keys, w/ set_key", "ns/rec", "value.plain", "dict.counter",
+            "d[k] = d.get(k, 0) + 1", "ratio", 2.0),
+        Row("11", "backend snapshot() start, 1M entries, 128 kgs", "ms", "state.snapshot", "state.snapshot.dict_copy",
+            "dict.copy() of {key: v}", "abs", 2.0),
     ]
     return rows
 
@@ -242,6 +290,10 @@ def render_summary(figs: Figures) -> list[str]:
     out += [line(row) for row in table]
     out.append(f"targets: {n_met} met, {n_not} NOT met, {n_na} not measured or inconclusive "
                f"(of {len(ROWS)} rows)")
+    notes = list(dict.fromkeys(r.note for r in ROWS if r.note and r.cow in figs.values))
+    if notes:
+        out.append("notes:")
+        out += [f"  {n}" for n in notes]
     if figs.caveats:
         out.append("* caveats: " + "; ".join(text for _, text in figs.caveats.values()))
     if figs.details:

@@ -12,6 +12,8 @@ Figures (one module each; each module's docstring says how it is measured):
 3. ``test_bench_snapshot.py`` ``snapshot()`` start time (and 6.: first write after a snapshot).
 4. ``test_bench_growth.py``   worst single ``put`` while growing, vs a dict's resize pause.
 5. ``test_bench_memory.py``   map overhead per entry vs a ``{(key, ns): v}`` dict.
+7.-11. ``test_bench_state.py`` keyed state: MapState with TTL by entries per key, MapState vs
+   ValueState, ValueState with/without TTL and vs a dict, backend ``snapshot()`` start.
 
 pytest-benchmark's own table shows seconds per *round*; a round of the per-op figures is a loop
 of 1M calls, so there "ms per round" reads as "ns per op". The summary printed after it (by

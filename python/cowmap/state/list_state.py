@@ -3,9 +3,9 @@
 Without TTL the core entry holds a plain Python list. With TTL each element
 carries its own timestamp: the list is stored flat, ``[v0, ts0, v1, ts1, ...]``,
 and the core entry's timestamp is the newest element's, so the C sweep drops a
-list whose elements have all expired. A partly expired list is trimmed when it
-is read (Flink's heap backend trims it on its incremental-cleanup visit; what
-``get`` returns is the same).
+list whose elements have all expired. As in Flink, a read keeps the expired
+elements of a partly live list (they stay visible under
+``ReturnExpiredIfNotCleanedUp``) unless ``OnReadAndWrite`` rewrites it.
 """
 
 from __future__ import annotations
@@ -75,13 +75,9 @@ class ListState(State):
         if not any(live):
             m.remove(key, ns)
             return values if t.return_expired else []
-        if t.update_on_read:
+        if t.update_on_read:  # Flink rewrites the live elements with fresh timestamps
             kept = [x for v, ok in zip(values, live) if ok for x in (v, now)]
             m.put(key, ns, kept, now)
-        elif not t.return_expired:
-            # drop what no read can return any more (Flink's cleanup would)
-            kept = [x for v, ts, ok in zip(values, stamps, live) if ok for x in (v, ts)]
-            m.put(key, ns, kept, max(kept[1::2]))
         if t.return_expired:
             return values
         return [v for v, ok in zip(values, live) if ok]
@@ -202,11 +198,12 @@ class ListTable(StateTable):
                 continue
             values, stamps = lst[0::2], lst[1::2]
             if now is not None:
-                keep = [not self.is_expired(ts, now) for ts in stamps]
-                values = [v for v, ok in zip(values, keep) if ok]
-                stamps = [ts for ts, ok in zip(stamps, keep) if ok]
-                if not values:
+                # Flink's list snapshot filter stops at the first live element
+                # (STOP_ON_FIRST_INCLUDED): only expired elements before it go
+                first = next((i for i, ts in enumerate(stamps) if not self.is_expired(ts, now)), None)
+                if first is None:
                     continue
+                values, stamps = values[first:], stamps[first:]
             yield key, ns, values, stamps
 
     def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:

@@ -20,6 +20,8 @@ from cowmap.state.table import State, StateTable
 __all__ = ["MapState", "MapTable"]
 
 _NO_KEY = object()
+#: at most this many times ``cleanup_size`` user entries are examined per cleanup step
+_SWEEP_SCALE_CAP = 4
 
 
 class MapTable(StateTable):
@@ -100,8 +102,15 @@ class MapTable(StateTable):
     # ------------------------------------------------------------ TTL, snapshots
 
     def sweep(self, kg: int, now: int, max_entries: int | None) -> None:
+        e = self.maps[kg]
+        if max_entries is not None:
+            # Flink's budget counts whole user maps; ours counts user entries, so
+            # scale it by the mean entries per map, capped to keep a step O(1)
+            n_dirs = len(self.dirs[kg])  # type: ignore[arg-type]
+            if n_dirs:
+                max_entries *= min(max(len(e) // n_dirs, 1), _SWEEP_SCALE_CAP)  # type: ignore[arg-type]
         removed: list[tuple[Any, Any, Any]] = []
-        self.maps[kg].sweep_expired(now, self.ttl, max_entries, removed)  # type: ignore[union-attr]
+        e.sweep_expired(now, self.ttl, max_entries, removed)  # type: ignore[union-attr]
         if len(removed) == 1:
             ukey, ctx, cell = removed[0]
             self.unlink(kg, ctx, cell)
@@ -235,7 +244,7 @@ class MapState(State):
         if self._t.maps[kg] is not None:
             self._t.remove_entry(kg, self._ctx(), key)  # type: ignore[attr-defined]
 
-    def _walk(self, kg: int, stop_at_first: bool = False) -> list[tuple[Any, Any]]:
+    def _walk(self, kg: int) -> list[tuple[Any, Any]]:
         t = self._t
         e = t.maps[kg]
         if e is None:
@@ -250,8 +259,6 @@ class MapState(State):
             while ukey is not None:
                 cell = e.get(ukey, ctx)
                 out.append((ukey, cell[0]))
-                if stop_at_first:
-                    break
                 ukey = cell[2]
             return out
         now = self._b.now()
@@ -267,8 +274,6 @@ class MapState(State):
                 if t.update_on_read:
                     e.set_timestamp(ukey, ctx, now)
                 out.append((ukey, cell[0]))
-            if stop_at_first and out:
-                break
             ukey = nxt
         return out
 
@@ -286,7 +291,11 @@ class MapState(State):
         return [v for _, v in self._walk(self._kg())]
 
     def is_empty(self) -> bool:
-        return not self._walk(self._kg(), stop_at_first=True)
+        """Whether no user entry is stored. As in Flink 2.3 this does not look at
+        timestamps: entries that expired but were not cleaned up yet count."""
+        kg = self._kg()
+        d = self._t.dirs[kg]  # type: ignore[attr-defined]
+        return d is None or not d.contains_key(self._b._key, self._ns)
 
     def clear(self) -> None:
         t = self._t

@@ -73,7 +73,7 @@ class StateTable:
         self.ttl: int = cfg.ttl_ms if cfg is not None else 0
         self.update_on_read = cfg is not None and cfg.update_type is UpdateType.OnReadAndWrite
         self.return_expired = cfg is not None and cfg.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
-        self.cleanup_size = cfg.cleanup_size if cfg is not None and cfg.cleanup_in_background else 0
+        self.cleanup_size = cfg.incremental_cleanup_size if cfg is not None else 0
         self.cleanup_every_record = self.cleanup_size > 0 and cfg is not None and cfg.run_cleanup_for_every_record
         self.cleanup_full_snapshot = cfg is not None and cfg.cleanup_full_snapshot
 

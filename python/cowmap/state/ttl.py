@@ -89,6 +89,8 @@ class StateTtlConfig:
     update_type: UpdateType = UpdateType.OnCreateAndWrite
     state_visibility: StateVisibility = StateVisibility.NeverReturnExpired
     cleanup_in_background: bool = True
+    #: set by ``cleanup_incrementally``: on even with background cleanup disabled
+    incremental_cleanup: bool = False
     cleanup_size: int = 5
     run_cleanup_for_every_record: bool = False
     cleanup_full_snapshot: bool = False
@@ -128,6 +130,16 @@ class StateTtlConfig:
 
     def get_state_visibility(self) -> StateVisibility:
         return self.state_visibility
+
+    @property
+    def incremental_cleanup_size(self) -> int:
+        """Entries checked per state access by incremental cleanup; 0 when off.
+
+        As in Flink, an explicit ``cleanup_incrementally`` wins over
+        ``disable_cleanup_in_background`` whatever the call order, and background
+        cleanup (on by default) means incremental cleanup with the defaults.
+        """
+        return self.cleanup_size if self.incremental_cleanup or self.cleanup_in_background else 0
 
     class Builder:
         """Fluent builder with PyFlink's method names."""
@@ -178,13 +190,14 @@ class StateTtlConfig:
             """Check ``cleanup_size`` entries on every access of the state (and on
             every ``set_current_key`` if ``run_cleanup_for_every_record``)."""
             return self._set(
-                cleanup_in_background=True,
+                incremental_cleanup=True,
                 cleanup_size=cleanup_size,
                 run_cleanup_for_every_record=bool(run_cleanup_for_every_record),
             )
 
         def disable_cleanup_in_background(self) -> StateTtlConfig.Builder:
-            """No incremental cleanup: expired values go only when accessed."""
+            """No default background cleanup: expired values go only when accessed
+            (unless ``cleanup_incrementally`` is also called, in any order)."""
             return self._set(cleanup_in_background=False)
 
         def build(self) -> StateTtlConfig:
