@@ -15,6 +15,21 @@ from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 
 NO_TIMESTAMP = CM_NO_TS
 
+
+class _Expired:
+    """The marker ``get_unexpired`` returns for an expired entry."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "EXPIRED"
+
+    def __reduce__(self):
+        return "EXPIRED"
+
+
+EXPIRED = _Expired()
+
 cdef uint32_t _MAX_CAPACITY = 1 << 30
 cdef int64_t _EMPTY_INT64 = 0
 
@@ -142,6 +157,14 @@ cdef class CopyOnWriteStateMap:
         """``(state, ts)`` of ``(key, namespace)``, or None when absent."""
         return cm_get_with_ts(&self.m, key, namespace)
 
+    def get_unexpired(self, key, namespace, now, ttl, refresh=False):
+        """TTL read in one lookup: the state of ``(key, namespace)`` if it is
+        live at ``now`` (not ``ts + ttl <= now``), with its timestamp set to
+        ``now`` when ``refresh``; None when absent; :data:`EXPIRED` when
+        expired, the entry left untouched."""
+        return cm_get_unexpired(&self.m, key, namespace, _as_ts(now, "now"), _as_ts(ttl, "ttl"),
+                                1 if refresh else 0, EXPIRED)
+
     def timestamp(self, key, namespace):
         """The timestamp of ``(key, namespace)``, or None when absent."""
         return cm_timestamp(&self.m, key, namespace)
@@ -220,7 +243,8 @@ cdef class CopyOnWriteStateMap:
     # ------------------------------------------------------------------ TTL
 
     def sweep_expired(self, now, ttl, max_entries=5, removed=None):
-        """Remove entries with ``ts + ttl <= now`` (overflow-safe), incrementally.
+        """Remove entries with ``ts + ttl <= now`` (the sum saturating at 2**63 - 1,
+        as in Flink), incrementally.
 
         Each call examines about ``max_entries`` entries (whole bucket chains)
         from where the previous call stopped, wrapping around, like Flink's

@@ -1483,8 +1483,9 @@ static PyObject *cm_chain_list(const cm_map *m, const cm_vpos *vp) {
 /* ------------------------------------------------------------ TTL sweep */
 
 static inline int cm_expired(int64_t ts, int64_t ttl, int64_t now) {
-    /* ts + ttl <= now without overflow (ttl > 0) */
-    return ts <= INT64_MAX - ttl && ts + ttl <= now;
+    /* ts + ttl <= now, the sum saturating at INT64_MAX as in Flink's TtlUtils (ttl > 0) */
+    int64_t end = ts > INT64_MAX - ttl ? INT64_MAX : ts + ttl;
+    return end <= now;
 }
 
 /* Removes expired entries of bucket b of t; returns the number removed and
@@ -1548,6 +1549,37 @@ out:
     if (full) cm_cursor_reset(m, &m->sweep);
     cm_leave(m);
     return removed;
+}
+
+/* TTL read in one lookup: the state if live (its ts set to `now` when
+ * `refresh`), a new reference to None if absent, or to `expired` if the entry
+ * is expired (left as it is: the caller decides what expiry means). */
+static PyObject *cm_get_unexpired(cm_map *m, PyObject *key, PyObject *ns, int64_t now, int64_t ttl,
+                                  int refresh, PyObject *expired) {
+    cm_probe p; cm_loc loc; PyObject *r = NULL;
+    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return NULL; }
+    if (cm_enter(m) < 0) return NULL;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
+        if (!loc.found) {
+            r = Py_None; Py_INCREF(r);
+        } else if (cm_expired(cm_E(m, loc.idx)->ts, ttl, now)) {
+            r = expired; Py_INCREF(r);
+        } else {
+            int stale = refresh && cm_E(m, loc.idx)->ts != now;
+            r = cm_read_state(m, &p, &loc);
+            if (r && stale) { /* the read may have copied the entry: find the live one */
+                cm_loc l2; uint32_t w = 0;
+                if (cm_locate(m, &p, &l2) == 0) {
+                    if (l2.found) w = cm_writable(m, &p, &l2);
+                    else PyErr_SetString(PyExc_RuntimeError, "entry vanished during a read");
+                }
+                if (w) cm_E(m, w)->ts = now;
+                else Py_CLEAR(r);
+            }
+        }
+    }
+    cm_leave(m);
+    return r;
 }
 
 /* ------------------------------------------------------------ lifecycle */

@@ -1,7 +1,8 @@
 """Per-entry timestamps and ``sweep_expired`` of ``cowmap.CopyOnWriteStateMap``.
 
-An entry is expired when ``ts + ttl <= now`` computed without overflow (inclusive bound);
-``NO_TIMESTAMP`` (2**63 - 1) never expires. Sweeps do bounded work per call, resume where the
+An entry is expired when ``ts + ttl <= now`` (inclusive), the sum saturating at 2**63 - 1 as in
+Flink, so ``NO_TIMESTAMP`` (2**63 - 1) never expires before the clock reads 2**63 - 1. Sweeps do
+bounded work per call, resume where the
 previous call stopped and wrap around.
 """
 
@@ -19,8 +20,9 @@ INT64_MAX = 2**63 - 1
 
 
 def expired(ts: int, ttl: int, now: int) -> bool:
-    """The reference rule, in exact (unbounded) integer arithmetic."""
-    return ts + ttl <= now
+    """The reference rule: ``ts + ttl <= now`` with the sum saturating at 2**63 - 1,
+    as Flink's ``TtlUtils.getExpirationTimestamp`` does."""
+    return min(ts + ttl, INT64_MAX) <= now
 
 
 def sweep_until_done(m: CopyOnWriteStateMap, now: int, ttl: int, expected_removed: int, max_entries: int = 5) -> int:
@@ -108,14 +110,16 @@ def test_set_timestamp_on_shared_entry_does_not_change_snapshot() -> None:
         (INT64_MIN, 1, INT64_MIN),
         (INT64_MIN, INT64_MAX, -1),  # ts + ttl == -1
         (INT64_MIN, INT64_MAX, -2),
-        (NO_TIMESTAMP, 1, INT64_MAX),  # never expires
-        (NO_TIMESTAMP, INT64_MAX, INT64_MAX),
-        (INT64_MAX - 10, 20, INT64_MAX),  # ts + ttl overflows int64: not expired
+        (NO_TIMESTAMP, 1, INT64_MAX - 1),  # no timestamp: never expires before the last instant
+        (NO_TIMESTAMP, INT64_MAX, 0),
+        (NO_TIMESTAMP, 1, INT64_MAX),  # saturated at INT64_MAX == now: expired, as in Flink
+        (INT64_MAX - 10, 20, INT64_MAX - 1),  # ts + ttl overflows int64: saturates, not expired yet
+        (INT64_MAX - 10, 20, INT64_MAX),  # ... but expired at the last instant
         (INT64_MAX - 10, 10, INT64_MAX),  # ts + ttl == INT64_MAX == now: expired
         (INT64_MAX - 10, 5, INT64_MAX),
-        (5, INT64_MAX, INT64_MAX),  # overflow
+        (5, INT64_MAX, INT64_MAX - 1),  # overflow
         (0, INT64_MAX, INT64_MAX),  # exactly INT64_MAX: expired
-        (2**62, 2**62, INT64_MAX),  # 2**63 overflows: not expired
+        (2**62, 2**62, 2**62 + 5),  # 2**63 overflows: not expired
     ],
 )
 def test_expiry_rule_is_inclusive_and_overflow_safe(ts: int, ttl: int, now: int) -> None:
@@ -124,9 +128,9 @@ def test_expiry_rule_is_inclusive_and_overflow_safe(ts: int, ttl: int, now: int)
     m.put("keep", "ns", "v")  # NO_TIMESTAMP
     removed = m.sweep_expired(now, ttl, max_entries=None)
     should = expired(ts, ttl, now)
-    assert removed == int(should)
+    assert removed == int(should) + int(expired(NO_TIMESTAMP, ttl, now))
     assert m.contains_key("k", "ns") is (not should)
-    assert m.contains_key("keep", "ns")
+    assert m.contains_key("keep", "ns") is (not expired(NO_TIMESTAMP, ttl, now))
 
 
 @pytest.mark.parametrize("ttl", [1, 50, 2**32, 2**62, INT64_MAX])
@@ -134,12 +138,13 @@ def test_expiry_rule_is_inclusive_and_overflow_safe(ts: int, ttl: int, now: int)
 def test_timestamps_near_int64_max(ttl: int, now: int) -> None:
     m = CopyOnWriteStateMap()
     for i in range(100):
-        m.put(i, 0, i)  # NO_TIMESTAMP: never expires
+        m.put(i, 0, i)  # NO_TIMESTAMP: expires only at the last instant, INT64_MAX
         m.put(i, 1, i, INT64_MAX - i)
     n_expired = sum(expired(INT64_MAX - i, ttl, now) for i in range(100))
+    n_expired += 100 * expired(NO_TIMESTAMP, ttl, now)
     assert m.sweep_expired(now, ttl, None) == n_expired
     for i in range(100):
-        assert m.contains_key(i, 0)
+        assert m.contains_key(i, 0) is (now != INT64_MAX)
         assert m.contains_key(i, 1) is not expired(INT64_MAX - i, ttl, now)
 
 

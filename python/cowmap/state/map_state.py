@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
-from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
+from cowmap._core import EXPIRED, NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
 from cowmap.state.table import State, StateTable
 
 __all__ = ["MapState", "MapTable"]
@@ -169,7 +169,9 @@ class MapState(State):
             raise self._no_key()
         t = self._t
         if t.cleanup_size:
-            t.cleanup_step()
+            t.ticks -= 1
+            if t.ticks <= 0:
+                t.run_cleanup()
         return kg
 
     def _lookup(self, kg: int, e: CopyOnWriteStateMap, ukey: Any) -> Any:
@@ -179,17 +181,13 @@ class MapState(State):
         if not t.ttl:
             cell = e.get(ukey, ctx)
             return _NO_KEY if cell is None else cell[0]
-        r = e.get_with_timestamp(ukey, ctx)
-        if r is None:
+        cell = e.get_unexpired(ukey, ctx, self._b._time(), t.ttl, t.update_on_read)
+        if cell is None:
             return _NO_KEY
-        cell, ts = r
-        now = self._b.now()
-        if t.is_expired(ts, now):
-            e.remove(ukey, ctx)
+        if cell is EXPIRED:
+            cell = e.remove_and_get_old(ukey, ctx)
             t.unlink(kg, ctx, cell)  # type: ignore[attr-defined]
             return cell[0] if t.return_expired else _NO_KEY
-        if t.update_on_read:
-            e.set_timestamp(ukey, ctx, now)
         return cell[0]
 
     def get(self, key: Any) -> Any:
@@ -212,7 +210,7 @@ class MapState(State):
         e = t.maps[kg]
         if e is None:
             e = t.map_for_write(kg)
-        self._put(kg, e, key, value, self._b.now() if t.ttl else NO_TIMESTAMP)
+        self._put(kg, e, key, value, self._b._time() if t.ttl else NO_TIMESTAMP)
 
     def _put(self, kg: int, e: CopyOnWriteStateMap, ukey: Any, value: Any, ts: int) -> None:
         if ukey is None:

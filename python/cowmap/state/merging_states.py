@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from cowmap._core import CopyOnWriteStateMap
+from cowmap._core import EXPIRED, CopyOnWriteStateMap
 from cowmap.state.table import State, StateTable
 
 __all__ = ["AggregatingState", "AggregatingTable", "ReducingState", "ReducingTable"]
@@ -45,16 +45,12 @@ class _MergingState(State):
         if not t.ttl:
             acc = m.get(key, ns)
             return _ABSENT if acc is None else acc
-        r = m.get_with_timestamp(key, ns)
-        if r is None:
+        acc = m.get_unexpired(key, ns, self._b._time(), t.ttl, t.update_on_read)
+        if acc is None:
             return _ABSENT
-        acc, ts = r
-        now = self._b.now()
-        if t.is_expired(ts, now):
-            m.remove(key, ns)
+        if acc is EXPIRED:
+            acc = m.remove_and_get_old(key, ns)
             return acc if t.return_expired else _ABSENT
-        if t.update_on_read:
-            m.set_timestamp(key, ns, now)
         return acc
 
     def _usable(self, m: CopyOnWriteStateMap, ns: Any) -> Any:

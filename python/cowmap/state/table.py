@@ -16,7 +16,10 @@ from cowmap.state.ttl import MAX_TIMESTAMP, StateVisibility, UpdateType
 if TYPE_CHECKING:
     from cowmap.state.backend import KeyedStateBackend
 
-__all__ = ["NO_TIMESTAMP", "VOID_NAMESPACE", "State", "StateTable", "VoidNamespace"]
+__all__ = ["CLEANUP_BATCH", "NO_TIMESTAMP", "VOID_NAMESPACE", "State", "StateTable", "VoidNamespace"]
+
+#: incremental cleanup sweeps once per this many state accesses (see ``StateTable.cleanup_step``)
+CLEANUP_BATCH = 8
 
 
 class VoidNamespace:
@@ -57,6 +60,7 @@ class StateTable:
         self.maps: list[CopyOnWriteStateMap | None] = [None] * backend.max_parallelism
         self.live: list[int] = []  # key groups with a map, in creation order (cleanup rotation)
         self._cursor = 0
+        self.ticks = 1  # accesses until the next cleanup sweep
         self.configure(descriptor)
 
     # ------------------------------------------------------------ settings
@@ -116,8 +120,18 @@ class StateTable:
         return (end if end < MAX_TIMESTAMP else MAX_TIMESTAMP) <= now
 
     def cleanup_step(self) -> None:
-        """Flink's incremental cleanup: examine ``cleanup_size`` entries of one map,
-        the maps taken in turn."""
+        """One state access's worth of Flink's incremental cleanup.
+
+        Flink examines ``cleanup_size`` entries on every access; to save the
+        call overhead the sweep runs every ``CLEANUP_BATCH`` accesses over
+        ``CLEANUP_BATCH * cleanup_size`` entries of one map, the maps in turn.
+        """
+        self.ticks -= 1
+        if self.ticks <= 0:
+            self.run_cleanup()
+
+    def run_cleanup(self) -> None:
+        self.ticks = CLEANUP_BATCH
         live = self.live
         if not live:
             return
@@ -125,7 +139,7 @@ class StateTable:
         if i >= len(live):
             i = 0
         self._cursor = i + 1
-        self.sweep(live[i], self.now(), self.cleanup_size)
+        self.sweep(live[i], self.now(), self.cleanup_size * CLEANUP_BATCH)
 
     def sweep(self, kg: int, now: int, max_entries: int | None) -> None:
         """Remove expired entries of key group ``kg`` (whole states expire together by default)."""

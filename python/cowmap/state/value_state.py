@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cowmap._core import EXPIRED
 from cowmap.state.table import State, StateTable
 
 __all__ = ["ValueState", "ValueTable"]
@@ -35,19 +36,17 @@ class ValueState(State):
             v = m.get(b._key, self._ns)
             return self._default if v is None else v
         if t.cleanup_size:
-            t.cleanup_step()
+            t.ticks -= 1
+            if t.ticks <= 0:
+                t.run_cleanup()
         if m is None:
             return self._default
-        r = m.get_with_timestamp(b._key, self._ns)
-        if r is None:
+        v = m.get_unexpired(b._key, self._ns, b._time(), t.ttl, t.update_on_read)
+        if v is None:
             return self._default
-        v, ts = r
-        now = b.now()
-        if t.is_expired(ts, now):
-            m.remove(b._key, self._ns)
+        if v is EXPIRED:
+            v = m.remove_and_get_old(b._key, self._ns)
             return v if t.return_expired else self._default
-        if t.update_on_read:
-            m.set_timestamp(b._key, self._ns, now)
         return v
 
     def update(self, value: Any) -> None:
@@ -66,8 +65,10 @@ class ValueState(State):
             m.put(b._key, self._ns, value)
             return
         if t.cleanup_size:
-            t.cleanup_step()
-        m.put(b._key, self._ns, value, b.now())
+            t.ticks -= 1
+            if t.ticks <= 0:
+                t.run_cleanup()
+        m.put(b._key, self._ns, value, b._time())
 
     def clear(self) -> None:
         t = self._t
