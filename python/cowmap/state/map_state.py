@@ -101,7 +101,7 @@ class MapTable(StateTable):
 
     # ------------------------------------------------------------ TTL, snapshots
 
-    def sweep(self, kg: int, now: int, max_entries: int | None) -> None:
+    def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
         e = self.maps[kg]
         if max_entries is not None:
             # Flink's budget counts whole user maps; ours counts user entries, so
@@ -118,6 +118,7 @@ class MapTable(StateTable):
             gone = {(ukey, ctx): cell for ukey, ctx, cell in removed}
             for ukey, ctx, cell in removed:
                 self.unlink(kg, ctx, cell, gone)
+        return len(removed)
 
     def export(self, snap: StateMapSnapshot, now: int | None) -> Iterator[tuple[Any, ...]]:
         """``(key, namespace, user_key, value, ts)`` per user entry."""

@@ -20,6 +20,8 @@ __all__ = ["CLEANUP_BATCH", "NO_TIMESTAMP", "VOID_NAMESPACE", "State", "StateTab
 
 #: incremental cleanup sweeps once per this many state accesses (see ``StateTable.cleanup_step``)
 CLEANUP_BATCH = 8
+#: ... and backs off to at most this many times less often while sweeps find nothing
+CLEANUP_MAX_BACKOFF = 64
 
 
 class VoidNamespace:
@@ -61,6 +63,8 @@ class StateTable:
         self.live: list[int] = []  # key groups with a map, in creation order (cleanup rotation)
         self._cursor = 0
         self.ticks = 1  # accesses until the next cleanup sweep
+        self._interval = CLEANUP_BATCH
+        self._idle_sweeps = 0
         self.configure(descriptor)
 
     # ------------------------------------------------------------ settings
@@ -122,28 +126,42 @@ class StateTable:
     def cleanup_step(self) -> None:
         """One state access's worth of Flink's incremental cleanup.
 
-        Flink examines ``cleanup_size`` entries on every access; to save the
-        call overhead the sweep runs every ``CLEANUP_BATCH`` accesses over
-        ``CLEANUP_BATCH * cleanup_size`` entries of one map, the maps in turn.
+        Flink examines ``cleanup_size`` entries on every access. Here a sweep
+        examines ``CLEANUP_BATCH * cleanup_size`` entries of one map (the maps
+        in turn) every ``CLEANUP_BATCH`` accesses, the same rate with fewer
+        calls, while sweeps find expired entries. Each round over all the maps
+        that finds none doubles the interval, up to ``CLEANUP_MAX_BACKOFF`` times: a state where
+        nothing expires stops paying for cleanup (examining an entry is a cache
+        miss in a big map), and the first expired entry found restores the rate.
         """
         self.ticks -= 1
         if self.ticks <= 0:
             self.run_cleanup()
 
     def run_cleanup(self) -> None:
-        self.ticks = CLEANUP_BATCH
         live = self.live
         if not live:
+            self.ticks = CLEANUP_BATCH
             return
         i = self._cursor
         if i >= len(live):
             i = 0
         self._cursor = i + 1
-        self.sweep(live[i], self.now(), self.cleanup_size * CLEANUP_BATCH)
+        if self.sweep(live[i], self.now(), self.cleanup_size * CLEANUP_BATCH):
+            self._interval = CLEANUP_BATCH
+            self._idle_sweeps = 0
+        else:
+            self._idle_sweeps += 1
+            # back off only after a whole round over the maps found nothing
+            if self._idle_sweeps >= len(live) and self._interval < CLEANUP_BATCH * CLEANUP_MAX_BACKOFF:
+                self._interval *= 2
+                self._idle_sweeps = 0
+        self.ticks = self._interval
 
-    def sweep(self, kg: int, now: int, max_entries: int | None) -> None:
-        """Remove expired entries of key group ``kg`` (whole states expire together by default)."""
-        self.maps[kg].sweep_expired(now, self.ttl, max_entries)  # type: ignore[union-attr]
+    def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
+        """Remove expired entries of key group ``kg`` (whole states expire together
+        by default); returns how many were removed."""
+        return self.maps[kg].sweep_expired(now, self.ttl, max_entries)  # type: ignore[union-attr]
 
     # ------------------------------------------------------------ snapshots
 
