@@ -67,6 +67,7 @@ cdef extern from "cowmap_core.h":
     Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, object ns) except -1
 
     object cm_get_unexpired(cm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh, object expired)
+    object cm_get_touch(cm_map *m, object key, object ns, int64_t ts)
     Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) except -1
 
     int cm_snapshot(cm_map *m, cm_snap *s) except -1

@@ -165,6 +165,12 @@ cdef class CopyOnWriteStateMap:
         return cm_get_unexpired(&self.m, key, namespace, _as_ts(now, "now"), _as_ts(ttl, "ttl"),
                                 1 if refresh else 0, EXPIRED)
 
+    def get_touch(self, key, namespace, ts):
+        """Like ``get`` (the state, copied if a snapshot shares it, or None when
+        absent), also setting the entry's timestamp to ``ts``: one lookup for
+        changing a state in place and refreshing its time."""
+        return cm_get_touch(&self.m, key, namespace, _as_ts(ts))
+
     def timestamp(self, key, namespace):
         """The timestamp of ``(key, namespace)``, or None when absent."""
         return cm_timestamp(&self.m, key, namespace)

@@ -1551,6 +1551,22 @@ out:
     return removed;
 }
 
+/* The state at a found location (copied if shared), its entry's ts set to `ts`. */
+static PyObject *cm_read_touch(cm_map *m, const cm_probe *p, cm_loc *loc, int64_t ts) {
+    int stale = cm_E(m, loc->idx)->ts != ts;
+    PyObject *r = cm_read_state(m, p, loc);
+    if (r && stale) { /* the read may have copied the entry: find the live one */
+        cm_loc l2; uint32_t w = 0;
+        if (cm_locate(m, p, &l2) == 0) {
+            if (l2.found) w = cm_writable(m, p, &l2);
+            else PyErr_SetString(PyExc_RuntimeError, "entry vanished during a read");
+        }
+        if (w) cm_E(m, w)->ts = ts;
+        else Py_CLEAR(r);
+    }
+    return r;
+}
+
 /* TTL read in one lookup: the state if live (its ts set to `now` when
  * `refresh`), a new reference to None if absent, or to `expired` if the entry
  * is expired (left as it is: the caller decides what expiry means). */
@@ -1564,19 +1580,24 @@ static PyObject *cm_get_unexpired(cm_map *m, PyObject *key, PyObject *ns, int64_
             r = Py_None; Py_INCREF(r);
         } else if (cm_expired(cm_E(m, loc.idx)->ts, ttl, now)) {
             r = expired; Py_INCREF(r);
+        } else if (refresh) {
+            r = cm_read_touch(m, &p, &loc, now);
         } else {
-            int stale = refresh && cm_E(m, loc.idx)->ts != now;
             r = cm_read_state(m, &p, &loc);
-            if (r && stale) { /* the read may have copied the entry: find the live one */
-                cm_loc l2; uint32_t w = 0;
-                if (cm_locate(m, &p, &l2) == 0) {
-                    if (l2.found) w = cm_writable(m, &p, &l2);
-                    else PyErr_SetString(PyExc_RuntimeError, "entry vanished during a read");
-                }
-                if (w) cm_E(m, w)->ts = now;
-                else Py_CLEAR(r);
-            }
         }
+    }
+    cm_leave(m);
+    return r;
+}
+
+/* A state handed out for change with a new timestamp, in one lookup: the
+ * state (copied if shared) with its ts set to `ts`, or None if absent. */
+static PyObject *cm_get_touch(cm_map *m, PyObject *key, PyObject *ns, int64_t ts) {
+    cm_probe p; cm_loc loc; PyObject *r = NULL;
+    if (cm_enter(m) < 0) return NULL;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
+        if (loc.found) r = cm_read_touch(m, &p, &loc, ts);
+        else { r = Py_None; Py_INCREF(r); }
     }
     cm_leave(m);
     return r;

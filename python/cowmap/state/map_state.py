@@ -175,14 +175,25 @@ class MapState(State):
                 t.run_cleanup()
         return kg
 
-    def _lookup(self, kg: int, e: CopyOnWriteStateMap, ukey: Any) -> Any:
+    def _lookup(self, ukey: Any) -> Any:
         """The value of ``ukey`` after the TTL check (``_NO_KEY`` when absent or hidden)."""
         t = self._t
-        ctx = self._ctx()
+        b = self._b
+        kg = b._kg
+        if kg is None:
+            raise self._no_key()
+        if t.cleanup_size:
+            t.ticks -= 1
+            if t.ticks <= 0:
+                t.run_cleanup()
+        e = t.maps[kg]
+        if e is None:
+            return _NO_KEY
+        ctx = self._c if self._epoch == b._epoch else self._ctx()
         if not t.ttl:
             cell = e.get(ukey, ctx)
             return _NO_KEY if cell is None else cell[0]
-        cell = e.get_unexpired(ukey, ctx, self._b._time(), t.ttl, t.update_on_read)
+        cell = e.get_unexpired(ukey, ctx, b._time(), t.ttl, t.update_on_read)
         if cell is None:
             return _NO_KEY
         if cell is EXPIRED:
@@ -193,37 +204,48 @@ class MapState(State):
 
     def get(self, key: Any) -> Any:
         """The value of user key ``key``, or None."""
-        kg = self._kg()
-        e = self._t.maps[kg]
-        if e is None:
-            return None
-        v = self._lookup(kg, e, key)
+        v = self._lookup(key)
         return None if v is _NO_KEY else v
 
     def contains(self, key: Any) -> bool:
-        kg = self._kg()
-        e = self._t.maps[kg]
-        return e is not None and self._lookup(kg, e, key) is not _NO_KEY
+        return self._lookup(key) is not _NO_KEY
 
     def put(self, key: Any, value: Any) -> None:
-        kg = self._kg()
         t = self._t
+        b = self._b
+        kg = b._kg
+        if kg is None:
+            raise self._no_key()
+        if t.cleanup_size:
+            t.ticks -= 1
+            if t.ticks <= 0:
+                t.run_cleanup()
         e = t.maps[kg]
         if e is None:
             e = t.map_for_write(kg)
-        self._put(kg, e, key, value, self._b._time() if t.ttl else NO_TIMESTAMP)
+        if key is None:
+            raise TypeError("MapState user keys must not be None")
+        ctx = self._c if self._epoch == b._epoch else self._ctx()
+        if t.ttl:
+            ts = b._time()
+            cell = e.get_touch(key, ctx, ts)
+        else:
+            ts = NO_TIMESTAMP
+            cell = e.get(key, ctx)
+        if cell is None:
+            t.insert(kg, ctx, key, value, ts)  # type: ignore[attr-defined]
+        else:
+            cell[0] = value
 
     def _put(self, kg: int, e: CopyOnWriteStateMap, ukey: Any, value: Any, ts: int) -> None:
         if ukey is None:
             raise TypeError("MapState user keys must not be None")
         ctx = self._ctx()
-        cell = e.get(ukey, ctx)
+        cell = e.get(ukey, ctx) if ts == NO_TIMESTAMP else e.get_touch(ukey, ctx, ts)
         if cell is None:
             self._t.insert(kg, ctx, ukey, value, ts)  # type: ignore[attr-defined]
         else:
             cell[0] = value
-            if ts != NO_TIMESTAMP:
-                e.set_timestamp(ukey, ctx, ts)
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         kg = self._kg()
