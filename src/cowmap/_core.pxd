@@ -68,6 +68,7 @@ cdef extern from "cowmap_core.h":
 
     object cm_get_unexpired(cm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh, object expired)
     object cm_get_touch(cm_map *m, object key, object ns, int64_t ts)
+    int cm_replace(cm_map *m, object key, object ns, object state, int64_t ts) except -1
     Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) except -1
 
     int cm_snapshot(cm_map *m, cm_snap *s) except -1

@@ -165,6 +165,11 @@ cdef class CopyOnWriteStateMap:
         return cm_get_unexpired(&self.m, key, namespace, _as_ts(now, "now"), _as_ts(ttl, "ttl"),
                                 1 if refresh else 0, EXPIRED)
 
+    def replace(self, key, namespace, state, ts=NO_TIMESTAMP):
+        """Overwrite the state (and timestamp) of ``(key, namespace)`` if it is
+        mapped; True if it was, False (and nothing added) if not."""
+        return cm_replace(&self.m, key, namespace, state, _as_ts(ts)) == 1
+
     def get_touch(self, key, namespace, ts):
         """Like ``get`` (the state, copied if a snapshot shares it, or None when
         absent), also setting the entry's timestamp to ``ts``: one lookup for

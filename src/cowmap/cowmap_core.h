@@ -1603,6 +1603,22 @@ static PyObject *cm_get_touch(cm_map *m, PyObject *key, PyObject *ns, int64_t ts
     return r;
 }
 
+/* Overwrite the state and ts of an existing entry: 1 done, 0 absent (nothing
+ * added), -1 error. */
+static int cm_replace(cm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
+    cm_probe p; cm_loc loc; int r = -1;
+    if (cm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
+        if (!loc.found) r = 0;
+        else {
+            uint32_t w = cm_writable(m, &p, &loc);
+            if (w) { Py_INCREF(state); cm_set_state(m, w, state, ts); r = 1; }
+        }
+    }
+    cm_leave(m);
+    return r;
+}
+
 /* ------------------------------------------------------------ lifecycle */
 
 static int cm_init(cm_map *m, uint32_t capacity) {

@@ -2,12 +2,14 @@
 
 Flink's heap backend stores a whole ``HashMap`` per key, so a TTL cleanup visit
 or the first write after a snapshot copies the whole user map. Here every user
-entry is its own core entry, keyed by ``(user_key, (key, namespace))``, with its
-own timestamp; a small directory entry per ``(key, namespace)`` holds
-``[count, head, tail]`` of a doubly-linked list threaded through the entries'
-cells ``[value, prev_user_key, next_user_key]`` for iteration and ``clear()``.
+entry is its own core entry, keyed by ``(user_key, ctx)`` where ``ctx`` is the
+key (or ``(key, namespace, marker)`` outside the void namespace), holding the
+value itself and its own timestamp: a ``get`` or ``put`` is one core lookup.
+For iteration and ``clear()`` a second map holds each entry's links
+``[prev_user_key, next_user_key]`` and a directory entry per ``(key, namespace)``
+holds ``[count, head, tail]``: a doubly-linked list in insertion order.
 Copy-on-write, C sweeps and snapshots then work per entry: a read, a write, a
-cleanup step and the first write after a snapshot each touch O(1) cells.
+cleanup step and the first write after a snapshot each touch O(1) entries.
 """
 
 from __future__ import annotations
@@ -15,28 +17,44 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping
 
 from cowmap._core import EXPIRED, NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
-from cowmap.state.table import State, StateTable
+from cowmap.state.table import VOID_NAMESPACE, State, StateTable
 
 __all__ = ["MapState", "MapTable"]
 
 _NO_KEY = object()
+_NONE = object()  # stands for a None value: a None state reads as "absent"
+_NS = object()  # marks a namespaced context; no user key can hold it
 #: at most this many times ``cleanup_size`` user entries are examined per cleanup step
 _SWEEP_SCALE_CAP = 4
+
+
+def make_ctx(key: Any, ns: Any) -> Any:
+    """The core namespace of a key's user entries: the key itself in the void
+    namespace (no tuple to build, hash or follow), else ``(key, ns, _NS)``."""
+    return key if ns is VOID_NAMESPACE else (key, ns, _NS)
+
+
+def split_ctx(ctx: Any) -> tuple[Any, Any]:
+    if type(ctx) is tuple and len(ctx) == 3 and ctx[2] is _NS:
+        return ctx[0], ctx[1]
+    return ctx, VOID_NAMESPACE
 
 
 class MapTable(StateTable):
     kind = "map"
 
     def __init__(self, backend: Any, descriptor: Any) -> None:
+        self.links: list[CopyOnWriteStateMap | None] = [None] * backend.max_parallelism
         self.dirs: list[CopyOnWriteStateMap | None] = [None] * backend.max_parallelism
         super().__init__(backend, descriptor)
 
-    def copy_state(self, cell: list[Any]) -> list[Any]:
-        return [self.copy_value(cell[0]), cell[1], cell[2]]
+    def copy_state(self, value: Any) -> Any:
+        return value if value is _NONE else self.copy_value(value)
 
     def map_for_write(self, kg: int) -> CopyOnWriteStateMap:
         m = self.maps[kg]
         if m is None:
+            self.links[kg] = CopyOnWriteStateMap(copier=list.copy)
             self.dirs[kg] = CopyOnWriteStateMap(copier=list.copy)
             m = super().map_for_write(kg)
         return m
@@ -52,52 +70,54 @@ class MapTable(StateTable):
 
     # ------------------------------------------------------------ the linked list
 
-    def insert(self, kg: int, ctx: tuple[Any, Any], ukey: Any, value: Any, ts: int) -> None:
+    def insert(self, kg: int, ctx: Any, ukey: Any, value: Any, ts: int) -> None:
         """Add a user entry that is not there yet, at the tail."""
-        e = self.maps[kg]
+        L = self.links[kg]
         d = self.dirs[kg]
-        key, ns = ctx
+        key, ns = split_ctx(ctx)
+        self.maps[kg].put(ukey, ctx, _NONE if value is None else value, ts)  # type: ignore[union-attr]
         dc = d.get(key, ns)  # type: ignore[union-attr]
         if dc is None:
-            e.put(ukey, ctx, [value, None, None], ts)  # type: ignore[union-attr]
+            L.put(ukey, ctx, [None, None])  # type: ignore[union-attr]
             d.put(key, ns, [1, ukey, ukey])  # type: ignore[union-attr]
             return
         tail = dc[2]
-        e.put(ukey, ctx, [value, tail, None], ts)  # type: ignore[union-attr]
-        e.get(tail, ctx)[2] = ukey  # type: ignore[union-attr,index]
+        L.put(ukey, ctx, [tail, None])  # type: ignore[union-attr]
+        L.get(tail, ctx)[1] = ukey  # type: ignore[union-attr,index]
         dc[0] += 1
         dc[2] = ukey
 
-    def unlink(self, kg: int, ctx: tuple[Any, Any], cell: list[Any], gone: dict | None = None) -> None:
-        """Fix the links around a user entry already removed from the core map.
-        ``gone``: other entries removed with it, ``(user_key, ctx) -> cell``."""
-        e = self.maps[kg]
+    def unlink(self, kg: int, ctx: Any, ukey: Any, gone: dict | None = None) -> None:
+        """Unlink a user entry already removed from the value map. ``gone``:
+        links of entries removed with it, ``(user_key, ctx) -> [prev, next]``."""
+        L = self.links[kg]
         d = self.dirs[kg]
-        key, ns = ctx
+        lk = gone[ukey, ctx] if gone else L.remove_and_get_old(ukey, ctx)  # type: ignore[union-attr]
+        key, ns = split_ctx(ctx)
         dc = d.get(key, ns)  # type: ignore[union-attr]
         if dc[0] <= 1:
             d.remove(key, ns)  # type: ignore[union-attr]
             return
         dc[0] -= 1
-        p, n = cell[1], cell[2]
+        p, n = lk
         if gone:
             while p is not None and (p, ctx) in gone:
-                p = gone[p, ctx][1]
+                p = gone[p, ctx][0]
             while n is not None and (n, ctx) in gone:
-                n = gone[n, ctx][2]
+                n = gone[n, ctx][1]
         if p is None:
             dc[1] = n
         else:
-            e.get(p, ctx)[2] = n  # type: ignore[union-attr,index]
+            L.get(p, ctx)[1] = n  # type: ignore[union-attr,index]
         if n is None:
             dc[2] = p
         else:
-            e.get(n, ctx)[1] = p  # type: ignore[union-attr,index]
+            L.get(n, ctx)[0] = p  # type: ignore[union-attr,index]
 
-    def remove_entry(self, kg: int, ctx: tuple[Any, Any], ukey: Any) -> None:
-        cell = self.maps[kg].remove_and_get_old(ukey, ctx)  # type: ignore[union-attr]
-        if cell is not None:
-            self.unlink(kg, ctx, cell)
+    def remove_entry(self, kg: int, ctx: Any, ukey: Any) -> None:
+        if self.maps[kg].contains_key(ukey, ctx):  # type: ignore[union-attr]
+            self.maps[kg].remove(ukey, ctx)  # type: ignore[union-attr]
+            self.unlink(kg, ctx, ukey)
 
     # ------------------------------------------------------------ TTL, snapshots
 
@@ -112,30 +132,28 @@ class MapTable(StateTable):
         removed: list[tuple[Any, Any, Any]] = []
         e.sweep_expired(now, self.ttl, max_entries, removed)  # type: ignore[union-attr]
         if len(removed) == 1:
-            ukey, ctx, cell = removed[0]
-            self.unlink(kg, ctx, cell)
+            ukey, ctx, _ = removed[0]
+            self.unlink(kg, ctx, ukey)
         elif removed:
-            gone = {(ukey, ctx): cell for ukey, ctx, cell in removed}
-            for ukey, ctx, cell in removed:
-                self.unlink(kg, ctx, cell, gone)
+            L = self.links[kg]
+            gone = {(ukey, ctx): L.remove_and_get_old(ukey, ctx) for ukey, ctx, _ in removed}  # type: ignore[union-attr]
+            for ukey, ctx, _ in removed:
+                self.unlink(kg, ctx, ukey, gone)
         return len(removed)
 
     def export(self, snap: StateMapSnapshot, now: int | None) -> Iterator[tuple[Any, ...]]:
         """``(key, namespace, user_key, value, ts)`` per user entry."""
-        for ukey, ctx, cell, ts in snap.iter_with_timestamps():
+        for ukey, ctx, value, ts in snap.iter_with_timestamps():
             if now is None or not self.is_expired(ts, now):
-                yield ctx[0], ctx[1], ukey, cell[0], ts
+                key, ns = split_ctx(ctx)
+                yield key, ns, ukey, (None if value is _NONE else value), ts
 
     def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
         e = self.map_for_write(kg)
         for key, ns, ukey, value, ts in records:
-            ctx = (key, ns)
-            cell = e.get(ukey, ctx)
-            if cell is None:
+            ctx = make_ctx(key, ns)
+            if not e.replace(ukey, ctx, _NONE if value is None else value, ts):
                 self.insert(kg, ctx, ukey, value, ts)
-            else:
-                cell[0] = value
-                e.set_timestamp(ukey, ctx, ts)
 
 
 class MapState(State):
@@ -150,17 +168,17 @@ class MapState(State):
 
     def __init__(self, table: StateTable) -> None:
         super().__init__(table)
-        self._c: tuple[Any, Any] = (None, None)
+        self._c: Any = None
         self._epoch = -1
 
     def set_current_namespace(self, namespace: Any) -> None:
         super().set_current_namespace(namespace)
         self._epoch = -1
 
-    def _ctx(self) -> tuple[Any, Any]:
+    def _ctx(self) -> Any:
         b = self._b
         if self._epoch != b._epoch:
-            self._c = (b._key, self._ns)
+            self._c = make_ctx(b._key, self._ns)
             self._epoch = b._epoch
         return self._c
 
@@ -191,16 +209,17 @@ class MapState(State):
             return _NO_KEY
         ctx = self._c if self._epoch == b._epoch else self._ctx()
         if not t.ttl:
-            cell = e.get(ukey, ctx)
-            return _NO_KEY if cell is None else cell[0]
-        cell = e.get_unexpired(ukey, ctx, b._time(), t.ttl, t.update_on_read)
-        if cell is None:
+            v = e.get(ukey, ctx)
+        else:
+            v = e.get_unexpired(ukey, ctx, b._time(), t.ttl, t.update_on_read)
+            if v is EXPIRED:
+                v = e.remove_and_get_old(ukey, ctx)
+                t.unlink(kg, ctx, ukey)  # type: ignore[attr-defined]
+                if not t.return_expired:
+                    return _NO_KEY
+        if v is None:
             return _NO_KEY
-        if cell is EXPIRED:
-            cell = e.remove_and_get_old(ukey, ctx)
-            t.unlink(kg, ctx, cell)  # type: ignore[attr-defined]
-            return cell[0] if t.return_expired else _NO_KEY
-        return cell[0]
+        return None if v is _NONE else v
 
     def get(self, key: Any) -> Any:
         """The value of user key ``key``, or None."""
@@ -226,26 +245,16 @@ class MapState(State):
         if key is None:
             raise TypeError("MapState user keys must not be None")
         ctx = self._c if self._epoch == b._epoch else self._ctx()
-        if t.ttl:
-            ts = b._time()
-            cell = e.get_touch(key, ctx, ts)
-        else:
-            ts = NO_TIMESTAMP
-            cell = e.get(key, ctx)
-        if cell is None:
+        ts = b._time() if t.ttl else NO_TIMESTAMP
+        if not e.replace(key, ctx, _NONE if value is None else value, ts):
             t.insert(kg, ctx, key, value, ts)  # type: ignore[attr-defined]
-        else:
-            cell[0] = value
 
     def _put(self, kg: int, e: CopyOnWriteStateMap, ukey: Any, value: Any, ts: int) -> None:
         if ukey is None:
             raise TypeError("MapState user keys must not be None")
         ctx = self._ctx()
-        cell = e.get(ukey, ctx) if ts == NO_TIMESTAMP else e.get_touch(ukey, ctx, ts)
-        if cell is None:
+        if not e.replace(ukey, ctx, _NONE if value is None else value, ts):
             self._t.insert(kg, ctx, ukey, value, ts)  # type: ignore[attr-defined]
-        else:
-            cell[0] = value
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         kg = self._kg()
@@ -270,31 +279,30 @@ class MapState(State):
         e = t.maps[kg]
         if e is None:
             return []
-        key, ns = ctx = self._ctx()
-        dc = t.dirs[kg].get(key, ns)  # type: ignore[attr-defined]
+        ctx = self._ctx()
+        dc = t.dirs[kg].get(self._b._key, self._ns)  # type: ignore[attr-defined]
         if dc is None:
             return []
+        L = t.links[kg]  # type: ignore[attr-defined]
         out: list[tuple[Any, Any]] = []
         ukey = dc[1]
         if not t.ttl:
             while ukey is not None:
-                cell = e.get(ukey, ctx)
-                out.append((ukey, cell[0]))
-                ukey = cell[2]
+                v = e.get(ukey, ctx)
+                out.append((ukey, None if v is _NONE else v))
+                ukey = L.get(ukey, ctx)[1]
             return out
-        now = self._b.now()
+        now = self._b._time()
         while ukey is not None:
-            cell, ts = e.get_with_timestamp(ukey, ctx)
-            nxt = cell[2]
-            if t.is_expired(ts, now):
-                e.remove(ukey, ctx)
-                t.unlink(kg, ctx, cell)
+            nxt = L.get(ukey, ctx)[1]
+            v = e.get_unexpired(ukey, ctx, now, t.ttl, t.update_on_read)
+            if v is EXPIRED:
+                v = e.remove_and_get_old(ukey, ctx)
+                t.unlink(kg, ctx, ukey)
                 if t.return_expired:
-                    out.append((ukey, cell[0]))
+                    out.append((ukey, None if v is _NONE else v))
             else:
-                if t.update_on_read:
-                    e.set_timestamp(ukey, ctx, now)
-                out.append((ukey, cell[0]))
+                out.append((ukey, None if v is _NONE else v))
             ukey = nxt
         return out
 
@@ -325,13 +333,13 @@ class MapState(State):
             raise self._no_key()
         e = t.maps[kg]
         if e is not None:
-            key, ns = ctx = self._ctx()
-            d = t.dirs[kg]  # type: ignore[attr-defined]
-            dc = d.remove_and_get_old(key, ns)
+            ctx = self._ctx()
+            dc = t.dirs[kg].remove_and_get_old(self._b._key, self._ns)  # type: ignore[attr-defined]
+            L = t.links[kg]  # type: ignore[attr-defined]
             ukey = dc[1] if dc is not None else None
             while ukey is not None:
-                cell = e.remove_and_get_old(ukey, ctx)
-                ukey = cell[2]
+                e.remove(ukey, ctx)
+                ukey = L.remove_and_get_old(ukey, ctx)[1]
         if t.cleanup_size:
             t.cleanup_step()
 

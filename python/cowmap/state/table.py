@@ -143,9 +143,18 @@ class StateTable:
         if not live:
             self.ticks = CLEANUP_BATCH
             return
+        maps = self.maps
+        n = len(live)
         i = self._cursor
-        if i >= len(live):
-            i = 0
+        for _ in range(n):  # the next map with entries (empty ones would waste the step)
+            if i >= n:
+                i = 0
+            if len(maps[live[i]]):  # type: ignore[arg-type]
+                break
+            i += 1
+        else:
+            self.ticks = self._interval  # every map is empty
+            return
         self._cursor = i + 1
         if self.sweep(live[i], self.now(), self.cleanup_size * CLEANUP_BATCH):
             self._interval = CLEANUP_BATCH
