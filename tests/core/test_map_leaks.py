@@ -374,3 +374,35 @@ def test_large_state_objects_freed(n: int) -> None:
     finally:
         tracemalloc.stop()
     assert peak_with - after >= n * 8000 * 0.9  # the arrays were freed
+
+
+def test_ttl_read_write_helpers_keep_refcounts() -> None:
+    """``get_unexpired``, ``get_touch``, ``replace`` and a collecting sweep take and drop
+    references exactly once, with and without a live snapshot, on hits, misses and expiry."""
+    keys = [Obj(f"k{i}") for i in range(40)]
+    ns = Obj("ns")
+    states = [Obj(i) for i in range(40)]
+    fresh = [Obj(-i) for i in range(40)]
+    tracked = keys + [ns] + states + fresh
+    gc.collect()
+    baseline = [sys.getrefcount(o) for o in tracked]
+    for _ in range(3):
+        m = CopyOnWriteStateMap(copier=copy_obj)
+        for i, (k, s) in enumerate(zip(keys, states)):
+            m.put(k, ns, s, i)
+        snap = m.snapshot()
+        for i, k in enumerate(keys):
+            m.get_unexpired(k, ns, 20, 10, refresh=i % 2 == 0)  # expired for i <= 10
+            m.get_touch(k, ns, 30 + i)
+            assert m.replace(k, ns, fresh[i], 30 + i)
+        assert not m.replace(Obj("absent"), ns, fresh[0])
+        assert m.get_touch(Obj("absent"), ns, 1) is None
+        removed: list = []
+        assert m.sweep_expired(45, 10, None, removed) == len(removed) == 6
+        del removed, k, s  # the loops' last bindings
+        snap.release()
+        del snap, m
+        gc.collect()
+        now = [sys.getrefcount(o) for o in tracked]
+        diffs = [(o, b, c) for o, b, c in zip(tracked, baseline, now) if b != c]
+        assert not diffs, f"refcount changed (object, before, after): {diffs[:5]}"
