@@ -81,6 +81,7 @@ cdef class _Keys:
 
 
 @cython.final
+@cython.no_gc_clear
 cdef class CopyOnWriteStateMap:
     """A hash map keyed by ``(key, namespace)`` with O(1)-ish copy-on-write snapshots.
 
@@ -107,7 +108,8 @@ cdef class CopyOnWriteStateMap:
     transform function raises ``RuntimeError``.
 
     The garbage collector does not look inside the map: a state that refers
-    back to the map forms a cycle that is never collected.
+    back to the map forms a cycle that is never collected (a copier that does
+    is fine).
 
     >>> m = CopyOnWriteStateMap()
     >>> m.put("user-1", "window-0", 3)
@@ -132,13 +134,15 @@ cdef class CopyOnWriteStateMap:
             raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
         cm_init(&self.m, <uint32_t>min(capacity, _MAX_CAPACITY))
         self._ready = True
+        # The C struct borrows the copier from _copier, which the garbage collector
+        # sees (a copier that refers back to the map, e.g. a bound method of an
+        # owner, is a collectable cycle); no_gc_clear keeps it set until __dealloc__.
         self._copier = copier
         if copier is not None:
-            # the C struct owns its own reference: GC's tp_clear may drop _copier first
-            Py_INCREF(copier)
             self.m.copier = <PyObject *>copier
 
     def __dealloc__(self):
+        self.m.copier = NULL  # borrowed: _copier is dropped after __dealloc__
         if self._ready:
             cm_dealloc(&self.m)
 

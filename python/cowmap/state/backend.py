@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from cowmap._keygroups import key_group_for
 from cowmap.state.descriptors import (
@@ -73,6 +73,7 @@ class KeyedStateBackend:
         self._lo = key_group_range.start
         self._hi = key_group_range.end
         self._time = time_provider if time_provider is not None else _wall_clock_ms
+        self.now()  # fail here, not at the first TTL access, if it returns no int
         self._key: Any = None
         self._kg: int | None = None
         self._epoch = 0  # bumped on every set_current_key; states cache per-key data by it
@@ -104,9 +105,7 @@ class KeyedStateBackend:
     def now(self) -> int:
         """The time provider's current time, in milliseconds."""
         now = self._time()
-        if not isinstance(now, int):
-            if isinstance(now, float) and now.is_integer():
-                return int(now)
+        if type(now) is not int:
             raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
         return now
 
@@ -159,10 +158,10 @@ class KeyedStateBackend:
         except KeyError:
             raise KeyError(f"no state named {state_name!r} (registered: {sorted(self._tables)})") from None
 
-    def keys(self, state_name: str, namespace: Any = VOID_NAMESPACE) -> Iterator[Any]:
+    def keys(self, state_name: str, namespace: Any = VOID_NAMESPACE) -> list[Any]:
         """The keys with an entry in ``state_name`` under ``namespace`` (expired
-        entries not yet cleaned up included, as in Flink's ``getKeys``). Changing
-        the state while iterating raises ``RuntimeError``."""
+        entries not yet cleaned up included, as in Flink's ``getKeys``), as a list
+        made at the call: states may be used while looping over it."""
         return self._table(state_name).keys(namespace)
 
     def num_entries(self) -> int:
@@ -191,12 +190,14 @@ class KeyedStateBackend:
                 f"{self.max_parallelism}: key groups cannot be mapped"
             )
         snapshot._check()
+        for name, s in snapshot._states.items():  # check everything before changing anything
+            table = self._tables.get(name)
+            if table is not None and table.kind != s.descriptor.kind:
+                raise ValueError(f"state {name!r} is {table.kind} state here but {s.descriptor.kind} in the snapshot")
         for name, s in snapshot._states.items():
             table = self._tables.get(name)
             if table is None:
                 table = self._tables[name] = _TABLES[s.descriptor.kind](self, s.descriptor)
-            elif table.kind != s.descriptor.kind:
-                raise ValueError(f"state {name!r} is {table.kind} state here but {s.descriptor.kind} in the snapshot")
             for kg in sorted(s.maps):
                 if self._lo <= kg <= self._hi:
                     table.import_records(kg, snapshot._entries_of(s, kg))

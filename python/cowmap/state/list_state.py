@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 from cowmap._core import CopyOnWriteStateMap, StateMapSnapshot
-from cowmap.state.table import State, StateTable
+from cowmap.state.table import State, StateTable, _expired
 
 __all__ = ["ListState", "ListTable"]
 
@@ -187,11 +187,15 @@ class ListTable(StateTable):
 
     def copy_state(self, state: list[Any]) -> list[Any]:
         copy = self.copy_value
-        return [copy(v) for v in state]
+        if not self.ttl:
+            return [copy(v) for v in state]
+        out = state.copy()  # [v0, ts0, v1, ts1, ...]: copy the values only
+        out[0::2] = [copy(v) for v in state[0::2]]
+        return out
 
-    def export(self, snap: StateMapSnapshot, now: int | None) -> Iterator[tuple[Any, ...]]:
-        """``(key, namespace, values, timestamps)``; timestamps None without TTL."""
-        ttl = self.ttl
+    def export(self, snap: StateMapSnapshot, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:
+        """``(key, namespace, values, timestamps)``; timestamps None without TTL
+        (``ttl``: the state's TTL when the snapshot was taken, which fixes the stored form)."""
         for key, ns, lst, _ in snap.iter_with_timestamps():
             if not ttl:
                 yield key, ns, list(lst), None
@@ -200,7 +204,7 @@ class ListTable(StateTable):
             if now is not None:
                 # Flink's list snapshot filter stops at the first live element
                 # (STOP_ON_FIRST_INCLUDED): only expired elements before it go
-                first = next((i for i, ts in enumerate(stamps) if not self.is_expired(ts, now)), None)
+                first = next((i for i, ts in enumerate(stamps) if not _expired(ts, ttl, now)), None)
                 if first is None:
                     continue
                 values, stamps = values[first:], stamps[first:]
@@ -209,9 +213,11 @@ class ListTable(StateTable):
     def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
         m = self.map_for_write(kg)
         ttl = self.ttl
+        copy = self.copy_value
         for key, ns, values, stamps in records:
             if not values:
                 continue
+            values = [copy(v) for v in values]
             if stamps is None:
                 stamps = [self.now()] * len(values)
             old = m.get(key, ns)

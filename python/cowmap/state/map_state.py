@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping
 
 from cowmap._core import EXPIRED, NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
-from cowmap.state.table import VOID_NAMESPACE, State, StateTable
+from cowmap.state.table import VOID_NAMESPACE, State, StateTable, _expired
 
 __all__ = ["MapState", "MapTable"]
 
@@ -62,11 +62,8 @@ class MapTable(StateTable):
     def num_entries(self) -> int:
         return sum(len(self.dirs[kg]) for kg in self.live)  # type: ignore[arg-type]
 
-    def keys(self, namespace: Any) -> Iterator[Any]:
-        for kg in self.live:
-            for key, ns, _ in self.dirs[kg]:  # type: ignore[union-attr]
-                if ns == namespace:
-                    yield key
+    def keys(self, namespace: Any) -> list[Any]:
+        return [key for kg in self.live for key, ns, _ in self.dirs[kg] if ns == namespace]  # type: ignore[union-attr]
 
     # ------------------------------------------------------------ the linked list
 
@@ -141,17 +138,19 @@ class MapTable(StateTable):
                 self.unlink(kg, ctx, ukey, gone)
         return len(removed)
 
-    def export(self, snap: StateMapSnapshot, now: int | None) -> Iterator[tuple[Any, ...]]:
+    def export(self, snap: StateMapSnapshot, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:
         """``(key, namespace, user_key, value, ts)`` per user entry."""
         for ukey, ctx, value, ts in snap.iter_with_timestamps():
-            if now is None or not self.is_expired(ts, now):
+            if now is None or not _expired(ts, ttl, now):
                 key, ns = split_ctx(ctx)
                 yield key, ns, ukey, (None if value is _NONE else value), ts
 
     def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
         e = self.map_for_write(kg)
+        copy = self.copy_value
         for key, ns, ukey, value, ts in records:
             ctx = make_ctx(key, ns)
+            value = None if value is None else copy(value)
             if not e.replace(ukey, ctx, _NONE if value is None else value, ts):
                 self.insert(kg, ctx, ukey, value, ts)
 

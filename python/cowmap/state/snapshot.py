@@ -22,6 +22,8 @@ class _StateSnapshot:
     maps: dict[int, StateMapSnapshot]
     #: the time of the snapshot when expired values are to be left out, else None
     cleanup_now: int | None
+    #: the state's TTL (ms, 0 for none) when the snapshot was taken
+    ttl: int
 
 
 class KeyedStateSnapshot:
@@ -44,7 +46,9 @@ class KeyedStateSnapshot:
 
     def _add(self, table: StateTable) -> None:
         cleanup_now = self.timestamp if table.ttl and table.cleanup_full_snapshot else None
-        self._states[table.name] = _StateSnapshot(table, table.descriptor, table.snapshot_maps(), cleanup_now)
+        self._states[table.name] = _StateSnapshot(
+            table, table.descriptor, table.snapshot_maps(), cleanup_now, table.ttl
+        )
 
     def _check(self) -> None:
         if self._released:
@@ -84,6 +88,8 @@ class KeyedStateSnapshot:
 
         ``ts`` is the last-access time in ms (``NO_TIMESTAMP`` without TTL). With
         ``cleanup_full_snapshot`` values expired at the snapshot's time are left out.
+        The values are the stored objects (shared with the backend until it
+        changes them): read them, don't mutate them.
         """
         s = self._state(state_name)
         for kg in sorted(s.maps):
@@ -92,7 +98,7 @@ class KeyedStateSnapshot:
 
     def _entries_of(self, s: _StateSnapshot, kg: int) -> Iterator[tuple[Any, ...]]:
         self._check()
-        return s.table.export(s.maps[kg], s.cleanup_now)
+        return s.table.export(s.maps[kg], s.cleanup_now, s.ttl)
 
     def release(self) -> None:
         """Let the backend stop preserving this snapshot's data. Idempotent."""

@@ -45,6 +45,11 @@ class VoidNamespace:
 VOID_NAMESPACE = VoidNamespace()
 
 
+def _expired(ts: int, ttl: int, now: int) -> bool:
+    end = ts + ttl
+    return (end if end < MAX_TIMESTAMP else MAX_TIMESTAMP) <= now
+
+
 class StateTable:
     """The maps of one state, its TTL settings and its incremental cleanup.
 
@@ -108,11 +113,8 @@ class StateTable:
     def num_entries(self) -> int:
         return sum(len(self.maps[kg]) for kg in self.live)  # type: ignore[arg-type]
 
-    def keys(self, namespace: Any) -> Iterator[Any]:
-        for kg in self.live:
-            for key, ns, _ in self.maps[kg]:  # type: ignore[union-attr]
-                if ns == namespace:
-                    yield key
+    def keys(self, namespace: Any) -> list[Any]:
+        return [key for kg in self.live for key, ns, _ in self.maps[kg] if ns == namespace]  # type: ignore[union-attr]
 
     # ------------------------------------------------------------ TTL
 
@@ -174,18 +176,22 @@ class StateTable:
 
     # ------------------------------------------------------------ snapshots
 
-    def export(self, snap: StateMapSnapshot, now: int | None) -> Iterator[tuple[Any, ...]]:
+    def export(self, snap: StateMapSnapshot, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:
         """Flat records of one key group's snapshot: ``(key, namespace, value, ts)``.
-        With ``now`` (full-snapshot cleanup) expired values are left out."""
+        ``ttl``: the state's TTL when the snapshot was taken (0: none). With ``now``
+        (full-snapshot cleanup) values expired at ``now`` are left out. The values are
+        the stored objects, not copies."""
         for key, ns, state, ts in snap.iter_with_timestamps():
-            if now is None or not self.is_expired(ts, now):
+            if now is None or not _expired(ts, ttl, now):
                 yield key, ns, state, ts
 
     def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
-        """Add exported records of key group ``kg`` (a restore)."""
+        """Add exported records of key group ``kg`` (a restore), copying the values
+        so the restored state shares nothing with the snapshot's source."""
         m = self.map_for_write(kg)
+        copy = self.copy_value
         for key, ns, state, ts in records:
-            m.put(key, ns, state, ts)
+            m.put(key, ns, copy(state), ts)
 
 
 class State:

@@ -17,11 +17,17 @@ class ValueState(State):
     the value expired); ``update(None)`` is ``clear()``.
     """
 
-    __slots__ = ()
+    __slots__ = ("_fresh_default",)
 
     def __init__(self, table: StateTable) -> None:
         super().__init__(table)
-        self._default = table.descriptor.default_value  # type: ignore[attr-defined]
+        default = table.descriptor.default_value  # type: ignore[attr-defined]
+        self._default = default
+        # a mutable default is copied per read, as Flink's getDefaultValue() does
+        self._fresh_default = default is not None and table.copy_value(default) is not default
+
+    def _default_value(self) -> Any:
+        return self._t.copy_value(self._default) if self._fresh_default else self._default
 
     def value(self) -> Any:
         t = self._t
@@ -32,21 +38,23 @@ class ValueState(State):
             raise self._no_key() from None
         if not t.ttl:
             if m is None:
-                return self._default
+                return self._default_value() if self._fresh_default else self._default
             v = m.get(b._key, self._ns)
-            return self._default if v is None else v
+            if v is None:
+                return self._default_value() if self._fresh_default else self._default
+            return v
         if t.cleanup_size:
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
         if m is None:
-            return self._default
+            return self._default_value()
         v = m.get_unexpired(b._key, self._ns, b._time(), t.ttl, t.update_on_read)
         if v is None:
-            return self._default
+            return self._default_value()
         if v is EXPIRED:
             v = m.remove_and_get_old(b._key, self._ns)
-            return v if t.return_expired else self._default
+            return v if t.return_expired else self._default_value()
         return v
 
     def update(self, value: Any) -> None:
