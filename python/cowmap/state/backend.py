@@ -80,6 +80,7 @@ class KeyedStateBackend:
         self._tables: dict[str, StateTable] = {}
         self._views: dict[str, State] = {}
         self._record_cleanups: list[StateTable] = []
+        self._aec: Any = None  # the AsyncExecutionController made for this backend, if any
 
     # ------------------------------------------------------------ key context
 

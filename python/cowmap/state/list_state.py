@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 from cowmap._core import CopyOnWriteStateMap, StateMapSnapshot
+from cowmap.state.async_methods import AsyncListMethods
 from cowmap.state.table import State, StateTable, _expired
 
 __all__ = ["ListState", "ListTable"]
@@ -30,7 +31,7 @@ def _checked(values: Iterable[Any], what: str) -> list[Any]:
     return out
 
 
-class ListState(State):
+class ListState(AsyncListMethods, State):
     """A list of values per key and namespace (Flink's ``ListState``).
 
     ``get()`` returns a new list (``[]`` when empty); None elements are rejected

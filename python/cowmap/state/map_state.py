@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator, Mapping
 
 from cowmap._core import EXPIRED, NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
+from cowmap.state.async_methods import AsyncMapMethods
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable, _expired
 
 __all__ = ["MapState", "MapTable"]
@@ -155,7 +156,7 @@ class MapTable(StateTable):
                 self.insert(kg, ctx, ukey, value, ts)
 
 
-class MapState(State):
+class MapState(AsyncMapMethods, State):
     """A map of user keys to values per key and namespace (Flink's ``MapState``).
 
     User keys are hashable and not None. Iteration (``items``, ``keys``,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from cowmap._core import EXPIRED, CopyOnWriteStateMap
+from cowmap.state.async_methods import AsyncMergingMethods
 from cowmap.state.table import State, StateTable
 
 __all__ = ["AggregatingState", "AggregatingTable", "ReducingState", "ReducingTable"]
@@ -18,7 +19,7 @@ __all__ = ["AggregatingState", "AggregatingTable", "ReducingState", "ReducingTab
 _ABSENT = object()
 
 
-class _MergingState(State):
+class _MergingState(AsyncMergingMethods, State):
     """The shared TTL logic: read with check-and-update, write with a fresh timestamp."""
 
     __slots__ = ()

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from cowmap._core import EXPIRED
+from cowmap.state.async_methods import AsyncValueMethods
 from cowmap.state.table import State, StateTable
 
 __all__ = ["ValueState", "ValueTable"]
 
 
-class ValueState(State):
+class ValueState(AsyncValueMethods, State):
     """A single value per key and namespace (Flink's ``ValueState``).
 
     ``value()`` gives the descriptor's ``default_value`` when nothing is stored (or

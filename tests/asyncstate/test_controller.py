@@ -1,0 +1,239 @@
+"""``AsyncExecutionController``: the behaviours of Flink's AsyncExecutionControllerTest,
+EpochManagerTest and KeyAccountingUnitTest, over cowmap's keyed state."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import defaultdict
+from typing import Any
+
+import pytest
+
+from cowmap.asyncstate import AsyncExecutionController, EpochMode
+from cowmap.state import KeyedStateBackend, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+
+
+def make(**kw: Any) -> tuple[KeyedStateBackend, Any, AsyncExecutionController]:
+    backend = KeyedStateBackend(max_parallelism=16)
+    count = backend.get_state(ValueStateDescriptor("count", default_value=0))
+    kw.setdefault("buffer_timeout_ms", 0)
+    return backend, count, AsyncExecutionController(backend, **kw)
+
+
+def increment(count: Any, out: list | None = None, tag: Any = None) -> Any:
+    """A record's processing: read, then write the count + 1 (and log what was read)."""
+
+    def fn(_: Any) -> None:
+        def write(n: int) -> Any:
+            if out is not None:
+                out.append((tag, n))
+            return count.async_update(n + 1)
+
+        count.async_value().then_compose(write)
+
+    return fn
+
+
+def assert_quiet(aec: AsyncExecutionController) -> None:
+    assert aec.in_flight_records == 0
+    assert aec.active_size == 0
+    assert aec.blocking_size == 0
+    assert aec.occupied_keys == 0
+
+
+def test_step_by_step_sizes_and_reference_counts() -> None:
+    backend, count, aec = make(batch_size=100)
+    out: list = []
+    aec.process("k1", increment(count, out, "r1"))
+    assert (aec.in_flight_records, aec.active_size, aec.blocking_size, aec.occupied_keys) == (1, 1, 0, 1)
+    aec.process("k2", increment(count, out, "r2"))
+    assert (aec.in_flight_records, aec.active_size, aec.blocking_size, aec.occupied_keys) == (2, 2, 0, 2)
+    aec.process("k1", increment(count, out, "r3"))  # k1 is held by r1: r3 waits
+    assert (aec.in_flight_records, aec.active_size, aec.blocking_size, aec.blocked_keys) == (3, 2, 1, 1)
+    assert aec.trigger() == 2  # r1's and r2's reads; their writes are queued
+    assert out == [("r1", 0), ("r2", 0)]
+    assert (aec.in_flight_records, aec.active_size, aec.blocking_size) == (3, 2, 1)
+    assert aec.trigger() == 2  # the writes: r1 and r2 are done, r3 gets k1
+    assert (aec.in_flight_records, aec.active_size, aec.blocking_size, aec.occupied_keys) == (1, 1, 0, 1)
+    aec.drain()
+    assert out == [("r1", 0), ("r2", 0), ("r3", 1)]
+    assert_quiet(aec)
+    backend.set_current_key("k1")
+    assert count.value() == 2
+
+
+def test_a_later_record_of_a_key_waits_for_the_earlier_one_to_finish() -> None:
+    backend, count, aec = make(batch_size=1)  # every request is its own batch
+    out: list = []
+    aec.process("k1", increment(count, out, "r1"))
+    aec.process("k2", increment(count, out, "r2"))
+    aec.process("k1", increment(count, out, "r3"))
+    aec.drain()
+    assert sorted(out) == [("r1", 0), ("r2", 0), ("r3", 1)]  # r3 saw r1's write
+    assert out.index(("r3", 1)) > out.index(("r1", 0))
+    assert_quiet(aec)
+
+
+def test_in_flight_control_with_distinct_keys_and_with_one_key() -> None:
+    backend, count, aec = make(batch_size=5, max_in_flight_records=10)
+    for i in range(10):
+        aec.process(f"k{i}", increment(count))
+        assert aec.in_flight_records <= 10
+    assert aec.batches_run >= 1  # full batches ran on the way
+    aec.drain()
+    assert_quiet(aec)
+
+    backend, count, aec = make(batch_size=5, max_in_flight_records=10)
+    for _ in range(10):
+        aec.process("same", increment(count))
+    assert (aec.in_flight_records, aec.active_size, aec.blocking_size) == (10, 1, 9)
+    aec.process("same", increment(count))  # the limit: back pressure runs batches first
+    assert aec.in_flight_records <= 10
+    aec.drain()
+    backend.set_current_key("same")
+    assert count.value() == 11
+    assert_quiet(aec)
+
+
+def test_sync_point_on_a_free_and_on_an_occupied_key() -> None:
+    backend, count, aec = make(batch_size=100)
+    seen: list[str] = []
+    aec.process("free", lambda _: aec.sync_point(lambda: seen.append("free")))
+    assert seen == ["free"]  # the key was free: ran at once
+    assert aec.in_flight_records == 0
+    aec.process("busy", increment(count))
+    aec.process("busy", lambda _: aec.sync_point(lambda: seen.append("busy")))
+    assert seen == ["free"] and aec.blocking_size == 1
+    aec.drain()
+    assert seen == ["free", "busy"]
+    assert_quiet(aec)
+
+
+def test_buffer_timeout_runs_a_partial_batch_and_stale_timeouts_are_skipped() -> None:
+    backend, count, aec = make(batch_size=100, buffer_timeout_ms=20)
+    aec.process("a", increment(count))
+    assert aec.active_size == 1
+    assert aec.mailbox.run_until(lambda: aec.batches_run >= 1, timeout=5)
+    runs = aec.batches_run
+    aec.trigger()  # runs the write queued by the read's callback
+    time.sleep(0.05)  # the write's timeout fires for a batch that already ran
+    aec.mailbox.run_available()
+    assert aec.batches_run == runs + 1
+    aec.drain()
+    assert_quiet(aec)
+
+
+def test_an_exception_in_user_code_surfaces() -> None:
+    backend, count, aec = make(batch_size=100)
+
+    def bad(_: Any) -> None:
+        count.async_value().then_accept(lambda n: 1 // n)
+
+    aec.process("k", bad)
+    with pytest.raises(ZeroDivisionError):
+        aec.drain()
+
+
+def test_a_failing_request_fails_its_future() -> None:
+    backend = KeyedStateBackend()
+    lst = backend.get_list_state(ListStateDescriptor("l"))
+    aec = AsyncExecutionController(backend, buffer_timeout_ms=0)
+    futures: list = []
+    aec.process("k", lambda _: futures.append(lst.async_add(None)))
+    aec.drain()
+    with pytest.raises(ValueError, match="None"):
+        futures[0].get()
+    assert_quiet(aec)
+
+
+def test_async_calls_outside_process_raise() -> None:
+    backend, count, aec = make()
+    with pytest.raises(RuntimeError, match="inside"):
+        count.async_value()
+    other = KeyedStateBackend().get_state(ValueStateDescriptor("v"))
+    with pytest.raises(RuntimeError, match="AsyncExecutionController"):
+        other.async_value()
+
+
+@pytest.mark.parametrize("mode", list(EpochMode))
+def test_epochs_run_their_actions_after_exactly_the_earlier_records(mode: EpochMode) -> None:
+    backend, count, aec = make(batch_size=100, epoch_mode=mode)
+    log: list[str] = []
+
+    def rec(tag: str) -> Any:
+        def fn(_: Any) -> None:
+            count.async_value().then_compose(lambda n: count.async_update(n + 1)).then_accept(lambda _: log.append(tag))
+
+        return fn
+
+    aec.process("a", rec("a"))
+    aec.process("b", rec("b"))
+    aec.process_non_record(lambda: log.append("trigger"), lambda: log.append("final"))
+    aec.process("c", rec("c"))
+    aec.drain()
+    if mode is EpochMode.SERIAL_BETWEEN_EPOCH:
+        assert log == ["a", "b", "trigger", "final", "c"]  # c waited for the epoch
+    else:
+        assert log == ["trigger", "a", "b", "final", "c"]  # trigger at once, final after a and b
+    assert_quiet(aec)
+
+
+def test_async_twins_of_every_state_kind() -> None:
+    backend = KeyedStateBackend()
+    lst = backend.get_list_state(ListStateDescriptor("l"))
+    mp = backend.get_map_state(MapStateDescriptor("m"))
+    aec = AsyncExecutionController(backend, buffer_timeout_ms=0)
+    got: dict[str, Any] = {}
+
+    def fn(_: Any) -> None:
+        lst.async_add_all([1, 2]).then_compose(lambda _: lst.async_get()).then_compose(
+            lambda it: it.on_next(lambda x: x * 10)
+        ).then_accept(lambda r: got.__setitem__("list", r))
+        mp.async_put_all({"a": 1, "b": 2}).then_compose(lambda _: mp.async_entries()).then_accept(
+            lambda it: got.__setitem__("map", sorted(it))
+        )
+        mp.async_contains("zz").then_accept(lambda c: got.__setitem__("contains", c))
+
+    aec.process("k", fn)
+    aec.drain()
+    assert got == {"list": [10, 20], "map": [("a", 1), ("b", 2)], "contains": False}
+    assert_quiet(aec)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_randomized_records_match_a_sequential_run(seed: int) -> None:
+    """Many records over few keys with random async chains: per key, the results
+    equal a sequential run, and nothing is left in flight."""
+    rnd = random.Random(seed)
+    backend = KeyedStateBackend(max_parallelism=8)
+    hist = backend.get_list_state(ListStateDescriptor("hist"))
+    total = backend.get_state(ValueStateDescriptor("total", default_value=0))
+    aec = AsyncExecutionController(
+        backend, batch_size=rnd.choice([1, 3, 16]), max_in_flight_records=rnd.choice([2, 8, 50]), buffer_timeout_ms=0
+    )
+    expected: dict[str, list[int]] = defaultdict(list)
+    seen_totals: dict[str, list[int]] = defaultdict(list)
+    records = [(rnd.choice("abcde"), rnd.randrange(100)) for _ in range(300)]
+
+    for key, v in records:
+        expected[key].append(v)
+
+        def fn(v: int, key: str = key) -> None:
+            def after_total(t: int) -> Any:
+                seen_totals[key].append(t)
+                return total.async_update(t + v).then_compose(lambda _: hist.async_add(v))
+
+            total.async_value().then_compose(after_total)
+
+        aec.process(key, fn, v)
+        if rnd.random() < 0.05:
+            aec.process_non_record(None, None)
+    aec.drain()
+    assert_quiet(aec)
+    for key, vs in expected.items():
+        backend.set_current_key(key)
+        assert hist.get() == vs  # the records of a key ran in arrival order
+        assert total.value() == sum(vs)
+        sums = [sum(vs[:i]) for i in range(len(vs))]
+        assert seen_totals[key] == sums
