@@ -181,7 +181,20 @@ def _rows() -> list[Row]:
         Row("6", "1st put after snapshot, 1M, put loop", "ns/op", "cow.put.snapshot", "cow.put.plain", "same put loop, no snapshot", "ratio", 3.0),
         Row("6", "1st put after snapshot, 1M, put_many", "ns/key", "cow.put_many.snapshot", "cow.put_many.plain", "same put_many, no snapshot", "ratio", 3.0),
     ]
-    return rows + _state_rows()
+    return rows + _state_rows() + _async_rows()
+
+
+def _async_rows() -> list[Row]:
+    """Figures 12-14 (test_bench_async.py)."""
+    n = "1M records/100k keys" if FULL else "200k records/20k keys"
+    return [
+        Row("12", f"async core calls per 1,000 records, {n}", "calls", "async.calls_per_1000",
+            "async.sync_calls_per_1000", "sync path (2 per record)", "abs", 10.0),
+        Row("13", f"async ValueState get+update per record, {n}", "ns/rec", "async.ns_per_record",
+            "async.sync_ns_per_record", "sync path, same records", "ratio", 3.0),
+        Row("14", "async time with 1 ms per state call, 2k records", "s", "async.latency.time",
+            "async.latency.sync_time", "sync path, same latency", "ratio", 0.05),
+    ]
 
 
 # Keyed-state figures 7-11 (test_bench_state.py). Figure 7: MapState with TTL at these entries

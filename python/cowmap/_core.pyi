@@ -87,3 +87,21 @@ class StateIncrementalVisitor:
     def next_entries(self) -> list[tuple[Any, Any, Any]] | None: ...
     def remove(self, key: Any, namespace: Any) -> None: ...
     def update(self, key: Any, namespace: Any, state: Any) -> None: ...
+
+def multi_get(
+    maps: list[CopyOnWriteStateMap | None],
+    kgs: list[int],
+    keys: list[Any],
+    namespaces: list[Any],
+    now: int = 0,
+    ttl: int = 0,
+    refresh: bool = False,
+) -> list[Any]: ...
+def multi_put(
+    maps: list[CopyOnWriteStateMap | None],
+    kgs: list[int],
+    keys: list[Any],
+    namespaces: list[Any],
+    states: list[Any],
+    ts: int = ...,
+) -> None: ...

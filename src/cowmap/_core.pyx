@@ -539,3 +539,48 @@ cdef class StateIncrementalVisitor:
 
     def update(self, key, namespace, state):
         self._map.put(key, namespace, state)
+
+
+# ------------------------------------------------------------ multi-map batches
+
+
+def multi_get(list maps, list kgs, list keys, list namespaces, now=0, ttl=0, refresh=False):
+    """One call for many single-key reads spread over the maps of a state's key
+    groups: item i reads ``(keys[i], namespaces[i])`` in ``maps[kgs[i]]``.
+
+    With ``ttl > 0`` each read is :meth:`CopyOnWriteStateMap.get_unexpired` at
+    ``now`` (``refresh``: set the timestamps of live entries to ``now``);
+    otherwise :meth:`CopyOnWriteStateMap.get`. A missing map reads as absent.
+    Returns the list of results (states, None, or :data:`EXPIRED`).
+    """
+    cdef Py_ssize_t n = len(keys), i
+    if len(kgs) != n or len(namespaces) != n:
+        raise ValueError("kgs, keys and namespaces must have the same length")
+    cdef int64_t c_now = _as_ts(now, "now"), c_ttl = _as_ts(ttl, "ttl")
+    cdef int c_refresh = 1 if refresh else 0
+    cdef list out = [None] * n
+    cdef CopyOnWriteStateMap cm
+    for i in range(n):
+        m = maps[kgs[i]]
+        if m is None:
+            continue
+        cm = <CopyOnWriteStateMap?>m
+        if c_ttl > 0:
+            out[i] = cm_get_unexpired(&cm.m, keys[i], namespaces[i], c_now, c_ttl, c_refresh, EXPIRED)
+        else:
+            out[i] = cm_get(&cm.m, keys[i], namespaces[i])
+    return out
+
+
+def multi_put(list maps, list kgs, list keys, list namespaces, list states, ts=NO_TIMESTAMP):
+    """One call for many puts spread over the maps of a state's key groups: item i
+    maps ``(keys[i], namespaces[i])`` to ``states[i]`` in ``maps[kgs[i]]`` (which
+    must exist), all with timestamp ``ts``."""
+    cdef Py_ssize_t n = len(keys), i
+    if len(kgs) != n or len(namespaces) != n or len(states) != n:
+        raise ValueError("kgs, keys, namespaces and states must have the same length")
+    cdef int64_t c_ts = _as_ts(ts)
+    cdef CopyOnWriteStateMap cm
+    for i in range(n):
+        cm = <CopyOnWriteStateMap?>maps[kgs[i]]
+        cm_put(&cm.m, keys[i], namespaces[i], states[i], c_ts)

@@ -15,9 +15,10 @@ Flink 2.x's AEC (FLIP-425) over cowmap's keyed state, single task thread:
 - ``process_non_record`` (watermarks, timers) runs its actions after the records
   before it, as Flink's epochs do.
 
-So far a batch runs its requests one by one through the synchronous state
-methods (exactly their semantics, TTL included); grouping each state's requests
-into one vectorised core call is the next step.
+A batch hands the requests of one state and type to that state in one call:
+ValueState reads and writes go to the core as one multi-map call
+(``multi_get`` / ``multi_put``); other requests still run one by one through
+the synchronous methods, with exactly their semantics.
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ class AsyncExecutionController:
         #: gauges
         self.batches_run = 0
         self.requests_run = 0
+        #: calls made into the state layer to run requests (a vectorised group counts once)
+        self.core_calls = 0
         backend._aec = self
 
     # ------------------------------------------------------------ gauges
@@ -248,7 +251,12 @@ class AsyncExecutionController:
     # ------------------------------------------------------------ batches
 
     def trigger(self) -> int:
-        """Run the active buffer as one batch now; returns how many requests ran."""
+        """Run the active buffer as one batch now; returns how many requests ran.
+
+        A batch runs in waves so each (state, key) sees its requests in order;
+        within a wave the requests of one state and type go to the state in one
+        vectorised call where it has one (``_batch_<op>``), else one by one.
+        """
         self._check_thread()
         batch = self._active
         if not batch:
@@ -257,19 +265,51 @@ class AsyncExecutionController:
         self._buffer_seq += 1
         self.batches_run += 1
         self.requests_run += len(batch)
+        n = len(batch)
+        while batch:
+            wave: dict[tuple[int, str], list[_Request]] = {}
+            rest: list[_Request] = []
+            touched: set[tuple[int, Any]] = set()
+            for req in batch:
+                tk = (id(req.state), req.ctx.key)
+                if tk in touched:
+                    rest.append(req)
+                else:
+                    touched.add(tk)
+                    wave.setdefault((id(req.state), req.op), []).append(req)
+            for reqs in wave.values():
+                self._run_group(reqs)
+            batch = rest
+        return n
+
+    def _run_group(self, reqs: list[_Request]) -> None:
+        state = reqs[0].state
+        vector = getattr(state, "_batch_" + reqs[0].op, None)
+        if vector is not None:
+            try:
+                results = vector(reqs)
+            except Exception as exc:  # the whole call failed: fail every request of it
+                self.core_calls += 1
+                for req in reqs:
+                    self._complete(req, None, exc)
+                return
+            if results is not None:
+                self.core_calls += 1
+                for req, value in zip(reqs, results):
+                    self._complete(req, value, None)
+                return
         backend = self.backend
-        for req in batch:
+        for req in reqs:
             backend.set_current_key(req.ctx.key)
-            state = req.state
             if state._ns is not req.ns:
                 state.set_current_namespace(req.ns)
+            self.core_calls += 1
             try:
                 value = getattr(state, req.op)(*req.args)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 self._complete(req, None, exc)
             else:
                 self._complete(req, value, None)
-        return len(batch)
 
     def _complete(self, req: _Request, value: Any, exc: BaseException | None) -> None:
         """Complete a request's future with its record current, so the callbacks'

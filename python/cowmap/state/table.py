@@ -140,6 +140,14 @@ class StateTable:
         if self.ticks <= 0:
             self.run_cleanup()
 
+    def tick(self, n: int) -> None:
+        """``n`` accesses' worth of cleanup steps at once (a batch of requests)."""
+        self.ticks -= n
+        while self.ticks <= 0:
+            over = self.ticks
+            self.run_cleanup()
+            self.ticks += over
+
     def run_cleanup(self) -> None:
         live = self.live
         if not live:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cowmap._core import EXPIRED
+from cowmap._core import EXPIRED, NO_TIMESTAMP, multi_get, multi_put
 from cowmap.state.async_methods import AsyncValueMethods
 from cowmap.state.table import State, StateTable
 
@@ -90,6 +90,47 @@ class ValueState(AsyncValueMethods, State):
             m.remove(b._key, self._ns)
         if t.cleanup_size:
             t.cleanup_step()
+
+
+    # -- vectorised forms for the AsyncExecutionController: one core call per batch
+
+    def _batch_value(self, reqs: list[Any]) -> list[Any]:
+        t = self._t
+        b = self._b
+        kgs = [r.ctx.key_group for r in reqs]
+        keys = [r.ctx.key for r in reqs]
+        nss = [r.ns for r in reqs]
+        if t.cleanup_size:
+            t.tick(len(reqs))
+        if not t.ttl:
+            out = multi_get(t.maps, kgs, keys, nss)
+        else:
+            out = multi_get(t.maps, kgs, keys, nss, b._time(), t.ttl, t.update_on_read)
+            for i, v in enumerate(out):
+                if v is EXPIRED:
+                    v = t.maps[kgs[i]].remove_and_get_old(keys[i], nss[i])  # type: ignore[union-attr]
+                    out[i] = v if t.return_expired else None
+        for i, v in enumerate(out):
+            if v is None:
+                out[i] = self._default_value()
+        return out
+
+    def _batch_update(self, reqs: list[Any]) -> list[Any] | None:
+        values = [r.args[0] for r in reqs]
+        if any(v is None for v in values):
+            return None  # update(None) is clear(): let the requests run one by one
+        t = self._t
+        kgs = [r.ctx.key_group for r in reqs]
+        for kg in set(kgs):
+            if t.maps[kg] is None:
+                t.map_for_write(kg)
+        if t.cleanup_size:
+            t.tick(len(reqs))
+        multi_put(
+            t.maps, kgs, [r.ctx.key for r in reqs], [r.ns for r in reqs], values,
+            self._b._time() if t.ttl else NO_TIMESTAMP,
+        )
+        return [None] * len(reqs)
 
 
 class ValueTable(StateTable):

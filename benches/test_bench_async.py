@@ -1,0 +1,114 @@
+"""Figures 12-14: the async state layer (``cowmap.asyncstate``) of issue #4.
+
+Workload: records over keys drawn uniformly at random (fixed seed); per record a ValueState
+``value()`` then ``update(value + 1)``. Default: 200,000 records over 20,000 keys;
+``COWMAP_BENCH_FULL=1``: the issue's 1,000,000 records over 100,000 keys.
+
+- Sync path: ``set_current_key(k)``, ``update(value() + 1)`` per record.
+- Async path: ``aec.process(k, fn)`` with ``fn`` = ``async_value().then_compose(lambda n:
+  async_update(n + 1))``, then ``drain()``; ``AsyncExecutionController`` defaults (batch 1000).
+
+12: calls into the state layer per 1,000 records on the async path (a vectorised group counts
+    once; the sync path makes 2,000). Target <= 10.
+13: async ns/record vs sync ns/record, same run. Target <= 3.
+14: with a simulated 1 ms round trip per call into the state layer (a remote tier): the sync path
+    pays it twice per record, the async path once per vectorised call; 2,000 records. Figure:
+    async time / sync time (the inverse of the throughput gain). Target <= 0.05 (>= 20x).
+Each figure is the median of 3 runs; nothing asserts on timing.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from typing import Any
+
+import benchlib
+from benchlib import FULL
+
+from cowmap.asyncstate import AsyncExecutionController
+from cowmap.state import KeyedStateBackend, ValueStateDescriptor
+
+N_RECORDS = 1_000_000 if FULL else 200_000
+N_KEYS = 100_000 if FULL else 20_000
+LATENCY_S = 0.001
+N_LATENCY = 2_000
+
+
+def _keys(n: int, k: int) -> list[int]:
+    rnd = random.Random(7)
+    return [rnd.randrange(k) for _ in range(n)]
+
+
+def _sync(keys: list[int], latency: float = 0.0) -> float:
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("count", default_value=0))
+    sk, value, update = b.set_current_key, s.value, s.update
+    t = time.perf_counter()
+    if latency:
+        for k in keys:
+            sk(k)
+            v = value()
+            time.sleep(latency)
+            update(v + 1)
+            time.sleep(latency)
+    else:
+        for k in keys:
+            sk(k)
+            update(value() + 1)
+    return time.perf_counter() - t
+
+
+class _RemoteAEC(AsyncExecutionController):
+    """Every call into the state layer pays a round trip."""
+
+    latency = LATENCY_S
+
+    def _run_group(self, reqs: list[Any]) -> None:
+        before = self.core_calls
+        super()._run_group(reqs)
+        time.sleep(self.latency * (self.core_calls - before))
+
+
+def _async(keys: list[int], cls: type[AsyncExecutionController] = AsyncExecutionController) -> tuple[float, int]:
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("count", default_value=0))
+    aec = cls(b, buffer_timeout_ms=0)
+
+    def fn(_: Any) -> None:
+        s.async_value().then_compose(lambda n: s.async_update(n + 1))
+
+    process = aec.process
+    t = time.perf_counter()
+    for k in keys:
+        process(k, fn)
+    aec.drain()
+    return time.perf_counter() - t, aec.core_calls
+
+
+def test_async_vs_sync(benchmark: Any, figures: benchlib.Figures) -> None:
+    keys = _keys(N_RECORDS, N_KEYS)
+    sync_t, async_t, calls = [], [], []
+    for _ in range(3):
+        sync_t.append(_sync(keys))
+        a, c = _async(keys)
+        async_t.append(a)
+        calls.append(c)
+    benchmark.pedantic(lambda: None, rounds=1)
+    s, a = statistics.median(sync_t), statistics.median(async_t)
+    figures.record("async.calls_per_1000", statistics.median(calls) * 1000 / N_RECORDS)
+    figures.record("async.sync_calls_per_1000", 2000.0)
+    figures.record("async.ns_per_record", a * 1e9 / N_RECORDS)
+    figures.record("async.sync_ns_per_record", s * 1e9 / N_RECORDS)
+
+
+def test_async_vs_sync_with_remote_latency(benchmark: Any, figures: benchlib.Figures) -> None:
+    keys = _keys(N_LATENCY, N_KEYS)
+    sync_t, async_t = [], []
+    for _ in range(3):
+        sync_t.append(_sync(keys, LATENCY_S))
+        async_t.append(_async(keys, _RemoteAEC)[0])
+    benchmark.pedantic(lambda: None, rounds=1)
+    figures.record("async.latency.time", statistics.median(async_t))
+    figures.record("async.latency.sync_time", statistics.median(sync_t))
