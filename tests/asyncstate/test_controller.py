@@ -304,3 +304,38 @@ def test_core_calls_per_thousand_records() -> None:
     assert aec.core_calls <= 10 * 3  # the sync path would make 2 calls per record
     backend.set_current_key(1234)
     assert count.value() == 1
+
+
+def test_mixed_parallel_and_serial_epochs() -> None:
+    backend, count, aec = make(batch_size=100, epoch_mode=EpochMode.PARALLEL_BETWEEN_EPOCH)
+    log: list[str] = []
+
+    def rec(tag: str) -> Any:
+        def fn(_: Any) -> None:
+            count.async_value().then_compose(lambda n: count.async_update(n + 1)).then_accept(lambda _: log.append(tag))
+
+        return fn
+
+    aec.process("a", rec("a"))
+    aec.process_non_record(lambda: log.append("t1"), lambda: log.append("f1"))  # parallel
+    aec.process("b", rec("b"))
+    aec.process_non_record(lambda: log.append("t2"), lambda: log.append("f2"), mode=EpochMode.SERIAL_BETWEEN_EPOCH)
+    assert log == ["t1", "a", "f1", "b", "t2", "f2"]  # serial t2 waited for a and b
+    aec.process("c", rec("c"))
+    aec.process_non_record(lambda: log.append("t3"), lambda: log.append("f3"))
+    assert log[-1] == "t3"
+    aec.drain()
+    assert log[-2:] == ["c", "f3"]
+    assert_quiet(aec)
+
+
+def test_higher_priority_records_take_a_busy_key_first() -> None:
+    backend, count, aec = make(batch_size=100)
+    out: list = []
+    aec.process("k", increment(count, out, "first"))
+    aec.process("k", increment(count, out, "normal"))
+    aec.process("k", increment(count, out, "timer"), priority=1)
+    aec.drain()
+    assert [t for t, _ in out] == ["first", "timer", "normal"]
+    assert [n for _, n in out] == [0, 1, 2]
+    assert_quiet(aec)

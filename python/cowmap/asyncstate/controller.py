@@ -46,13 +46,16 @@ class EpochMode(enum.Enum):
 class RecordContext:
     """One input record in flight: its key, key group, epoch and reference count."""
 
-    __slots__ = ("record", "key", "key_group", "epoch", "refs", "holds_key", "_aec")
+    __slots__ = ("record", "key", "key_group", "epoch", "priority", "refs", "holds_key", "_aec")
 
-    def __init__(self, aec: AsyncExecutionController, record: Any, key: Any, key_group: int, epoch: _Epoch) -> None:
+    def __init__(
+        self, aec: AsyncExecutionController, record: Any, key: Any, key_group: int, epoch: _Epoch, priority: int = 0
+    ) -> None:
         self.record = record
         self.key = key
         self.key_group = key_group
         self.epoch = epoch
+        self.priority = priority
         self.refs = 0
         self.holds_key = False
         self._aec = aec
@@ -173,15 +176,19 @@ class AsyncExecutionController:
 
     # ------------------------------------------------------------ records
 
-    def process(self, key: Any, fn: Callable[[Any], Any], record: Any = None) -> None:
-        """Run ``fn(record)`` now as the processing of a record of ``key``."""
+    def process(self, key: Any, fn: Callable[[Any], Any], record: Any = None, priority: int = 0) -> None:
+        """Run ``fn(record)`` now as the processing of a record of ``key``.
+
+        ``priority``: among the records waiting for a busy key, higher goes first
+        (e.g. derived work such as timers); equal priorities keep arrival order.
+        """
         self._check_thread()
         while self._in_flight >= self.max_in_flight_records:
             if not self._make_progress():
                 raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")
         backend = self.backend
         backend.set_current_key(key)  # validates the key and gives its key group
-        ctx = RecordContext(self, record, key, backend._kg, self._epoch)
+        ctx = RecordContext(self, record, key, backend._kg, self._epoch, priority)
         self._epoch.records += 1
         self._in_flight += 1
         ctx.retain()  # held while fn runs
@@ -237,12 +244,19 @@ class AsyncExecutionController:
             q = self._blocking.get(ctx.key)
             if q:  # the next record of this key takes it, with all its waiting requests
                 nxt = q[0].ctx
+                for r in q:  # the first of the highest priority
+                    if r.ctx.priority > nxt.priority:
+                        nxt = r.ctx
                 self._holders[ctx.key] = nxt
                 nxt.holds_key = True
-                while q and q[0].ctx is nxt:
-                    self._insert_active(q.popleft())
-                if not q:
+                mine = [r for r in q if r.ctx is nxt]
+                rest = [r for r in q if r.ctx is not nxt]
+                if rest:
+                    self._blocking[ctx.key] = collections.deque(rest)
+                else:
                     del self._blocking[ctx.key]
+                for r in mine:
+                    self._insert_active(r)
         ep = ctx.epoch
         ep.records -= 1
         if ep.records == 0 and ep.closed:
@@ -317,10 +331,7 @@ class AsyncExecutionController:
         previous = self._current
         self._current = req.ctx
         try:
-            if exc is None:
-                req.future.complete(value)
-            else:
-                req.future.complete_exceptionally(exc)
+            req.future._finish_here(value, exc)  # on the task thread already
         finally:
             self._current = previous
 
@@ -356,15 +367,21 @@ class AsyncExecutionController:
     # ------------------------------------------------------------ epochs
 
     def process_non_record(
-        self, trigger_action: Callable[[], Any] | None = None, final_action: Callable[[], Any] | None = None
+        self,
+        trigger_action: Callable[[], Any] | None = None,
+        final_action: Callable[[], Any] | None = None,
+        mode: EpochMode | None = None,
     ) -> None:
         """Close the current epoch: in serial mode ``trigger_action`` and then
-        ``final_action`` run once every earlier record is done; in parallel mode
-        ``trigger_action`` runs now and ``final_action`` after the earlier records."""
+        ``final_action`` run once every earlier record is done (and later records
+        wait for that); in parallel mode ``trigger_action`` runs now and
+        ``final_action`` after the earlier records. ``mode`` overrides the
+        controller's ``epoch_mode`` for this call."""
         self._check_thread()
+        mode = self.epoch_mode if mode is None else mode
         ep = self._epoch
         ep.closed = True
-        if self.epoch_mode is EpochMode.SERIAL_BETWEEN_EPOCH:
+        if mode is EpochMode.SERIAL_BETWEEN_EPOCH:
             if trigger_action is not None:
                 ep.actions.append(trigger_action)
         elif trigger_action is not None:
@@ -373,7 +390,7 @@ class AsyncExecutionController:
             ep.actions.append(final_action)
         self._epoch = _Epoch()
         self._epochs.append(self._epoch)
-        if self.epoch_mode is EpochMode.SERIAL_BETWEEN_EPOCH:
+        if mode is EpochMode.SERIAL_BETWEEN_EPOCH:
             self.drain()  # serial: the next records wait for this epoch to finish
         self._finish_epochs()
 

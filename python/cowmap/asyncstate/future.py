@@ -83,12 +83,23 @@ class StateFuture(Generic[T]):
         self._result = value
         self._exc = exc
         self._callbacks = None
-        try:
+        ctx = self._ctx
+        if ctx is None:
             for cb in callbacks:
                 cb()
+            return
+        try:
+            for i, cb in enumerate(callbacks):
+                try:
+                    cb()
+                finally:
+                    ctx.release()  # the reference the callback held
+        except BaseException:
+            for _ in range(len(callbacks) - i - 1):  # callbacks that will not run now
+                ctx.release()
+            raise
         finally:
-            if self._ctx is not None:
-                self._ctx.release()
+            ctx.release()  # the reference the pending future held
 
     # ------------------------------------------------------------ chaining
 
@@ -97,22 +108,13 @@ class StateFuture(Generic[T]):
 
     def _on_done(self, cb: Callable[[], None]) -> None:
         """Run ``cb`` when complete (now if already); counts as a registered callback."""
-        ctx = self._ctx
-        if self._callbacks is None:
+        callbacks = self._callbacks
+        if callbacks is None:
             cb()
             return
-        if ctx is not None:
-            ctx.retain()
-
-            def run() -> None:
-                try:
-                    cb()
-                finally:
-                    ctx.release()
-
-            self._callbacks.append(run)
-        else:
-            self._callbacks.append(cb)
+        if self._ctx is not None:
+            self._ctx.retain()  # released by _finish_here once cb has run
+        callbacks.append(cb)
 
     def _chain(self, step: Callable[[StateFuture[Any], Any], None]) -> StateFuture[Any]:
         """A derived future completed by ``step(derived, result)``; errors propagate."""
