@@ -105,3 +105,11 @@ def multi_put(
     states: list[Any],
     ts: int = ...,
 ) -> None: ...
+def multi_replace(
+    maps: list[CopyOnWriteStateMap | None],
+    kgs: list[int],
+    keys: list[Any],
+    namespaces: list[Any],
+    states: list[Any],
+    ts: int = ...,
+) -> list[bool]: ...

@@ -584,3 +584,22 @@ def multi_put(list maps, list kgs, list keys, list namespaces, list states, ts=N
     for i in range(n):
         cm = <CopyOnWriteStateMap?>maps[kgs[i]]
         cm_put(&cm.m, keys[i], namespaces[i], states[i], c_ts)
+
+
+def multi_replace(list maps, list kgs, list keys, list namespaces, list states, ts=NO_TIMESTAMP):
+    """:meth:`CopyOnWriteStateMap.replace` for many items over a state's key-group
+    maps in one call; a list of bools (False: absent, nothing added)."""
+    cdef Py_ssize_t n = len(keys), i
+    if len(kgs) != n or len(namespaces) != n or len(states) != n:
+        raise ValueError("kgs, keys, namespaces and states must have the same length")
+    cdef int64_t c_ts = _as_ts(ts)
+    cdef list out = [False] * n
+    cdef CopyOnWriteStateMap cm
+    for i in range(n):
+        m = maps[kgs[i]]
+        if m is None:
+            continue
+        cm = <CopyOnWriteStateMap?>m
+        if cm_replace(&cm.m, keys[i], namespaces[i], states[i], c_ts) == 1:
+            out[i] = True
+    return out

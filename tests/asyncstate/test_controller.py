@@ -339,3 +339,53 @@ def test_higher_priority_records_take_a_busy_key_first() -> None:
     assert [t for t, _ in out] == ["first", "timer", "normal"]
     assert [n for _, n in out] == [0, 1, 2]
     assert_quiet(aec)
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@pytest.mark.parametrize("batch_size", [1, 9, 1000])
+def test_vectorised_map_batches_equal_the_sync_path(ttl: bool, batch_size: int) -> None:
+    from datetime import timedelta
+
+    from cowmap.state import StateTtlConfig
+
+    def setup() -> tuple[KeyedStateBackend, Any, list[int]]:
+        clock = [0]
+        b = KeyedStateBackend(max_parallelism=16, time_provider=lambda: clock[0])
+        d = MapStateDescriptor("m")
+        if ttl:
+            d.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=40)).disable_cleanup_in_background().build())
+        return b, b.get_map_state(d), clock
+
+    rnd = random.Random(batch_size + ttl)
+    records = [(rnd.randrange(15), rnd.randrange(6)) for _ in range(500)]
+    sb, sm, sclock = setup()
+    ab, am, aclock = setup()
+    aec = AsyncExecutionController(ab, batch_size=batch_size, buffer_timeout_ms=0)
+    seen_sync: dict[int, list] = defaultdict(list)
+    seen_async: dict[int, list] = defaultdict(list)
+    for i, (key, uk) in enumerate(records):
+        if i % 40 == 0:
+            aec.drain()
+            sclock[0] += 15
+            aclock[0] = sclock[0]
+        sb.set_current_key(key)
+        v = sm.get(uk)
+        seen_sync[key].append(v)
+        sm.put(uk, (v or 0) + 1)
+
+        def fn(_: Any, key: int = key, uk: int = uk) -> None:
+            def write(v: Any) -> Any:
+                seen_async[key].append(v)
+                return am.async_put(uk, (v or 0) + 1)
+
+            am.async_get(uk).then_compose(write)
+
+        aec.process(key, fn)
+    aec.drain()
+    assert seen_async == seen_sync
+    for key in {k for k, _ in records}:
+        sb.set_current_key(key)
+        ab.set_current_key(key)
+        assert am.items() == sm.items()  # the same entries, in the same insertion order
+    if batch_size == 1000:
+        assert aec.core_calls <= 2 * aec.batches_run
