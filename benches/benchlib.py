@@ -192,6 +192,10 @@ def _async_rows() -> list[Row]:
             "async.sync_calls_per_1000", "sync path (2 per record)", "abs", 10.0),
         Row("13", f"async ValueState get+update per record, {n}", "ns/rec", "async.ns_per_record",
             "async.sync_ns_per_record", "sync path, same records", "ratio", 3.0),
+        Row("12", f"async MapState calls per 1,000 records, {n}", "calls", "async.map.calls_per_1000",
+            "async.sync_calls_per_1000", "sync path (2 per record)", "abs", 10.0),
+        Row("13", f"async MapState get+put per record, {n}", "ns/rec", "async.map.ns_per_record",
+            "async.map.sync_ns_per_record", "sync path, same records", "ratio", 3.0),
         Row("14", "async time with 1 ms per state call, 2k records", "s", "async.latency.time",
             "async.latency.sync_time", "sync path, same latency", "ratio", 0.05),
     ]
