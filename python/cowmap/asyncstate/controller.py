@@ -28,7 +28,8 @@ import enum
 import threading
 from typing import Any, Callable
 
-from cowmap.asyncstate.future import StateFuture
+from cowmap._async import RecordContext, StateFuture
+from cowmap._async import Request as _Request
 from cowmap.asyncstate.mailbox import Mailbox
 
 __all__ = ["AsyncExecutionController", "EpochMode", "RecordContext"]
@@ -41,49 +42,6 @@ class EpochMode(enum.Enum):
     SERIAL_BETWEEN_EPOCH = 0
     #: the trigger action runs at once; the final action after the earlier records
     PARALLEL_BETWEEN_EPOCH = 1
-
-
-class RecordContext:
-    """One input record in flight: its key, key group, epoch and reference count."""
-
-    __slots__ = ("record", "key", "key_group", "epoch", "priority", "refs", "holds_key", "_aec")
-
-    def __init__(
-        self, aec: AsyncExecutionController, record: Any, key: Any, key_group: int, epoch: _Epoch, priority: int = 0
-    ) -> None:
-        self.record = record
-        self.key = key
-        self.key_group = key_group
-        self.epoch = epoch
-        self.priority = priority
-        self.refs = 0
-        self.holds_key = False
-        self._aec = aec
-
-    def retain(self) -> None:
-        self.refs += 1
-
-    def release(self) -> None:
-        self.refs -= 1
-        if self.refs == 0:
-            self._aec._dispose(self)
-        elif self.refs < 0:
-            raise RuntimeError("record context released more often than retained")
-
-    def __repr__(self) -> str:
-        return f"<RecordContext key={self.key!r} refs={self.refs}>"
-
-
-class _Request:
-    __slots__ = ("state", "op", "args", "ns", "future", "ctx")
-
-    def __init__(self, state: Any, op: str, args: tuple, ns: Any, future: StateFuture[Any], ctx: RecordContext) -> None:
-        self.state = state
-        self.op = op
-        self.args = args
-        self.ns = ns
-        self.future = future
-        self.ctx = ctx
 
 
 class _Epoch:
