@@ -17,13 +17,18 @@ def test_public_api_is_exported():
         assert getattr(cowmap, name) is getattr(__import__("cowmap.state").state, name)
 
 
-def test_readme_python_example_runs(capsys):
+def run_readme_example(marker: str, namespace: dict | None = None) -> dict:
+    """Execute the README's first python block that mentions ``marker``; its namespace."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
-    assert blocks, "README has no python example"
-    namespace: dict = {"copy": copy}
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if marker in b]
+    assert blocks, f"README has no python example using {marker}"
+    namespace = {} if namespace is None else namespace
     exec(compile(blocks[0], "README.md", "exec"), namespace)
-    m = namespace["m"]
+    return namespace
+
+
+def test_readme_python_example_runs(capsys):
+    m = run_readme_example("CopyOnWriteStateMap", {"copy": copy})["m"]
     assert m.get("user-1", "window-0") == [1, 2, 3]
     assert not m.contains_key("session", "ns")
     assert len(m) == 2 + 1_000_000
@@ -31,14 +36,13 @@ def test_readme_python_example_runs(capsys):
 
 
 def test_readme_keyed_state_example_runs(capsys):
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "KeyedStateBackend" in b]
-    assert blocks, "README has no keyed state example"
-    namespace: dict = {}
-    exec(compile(blocks[0], "README.md", "exec"), namespace)
-    out = capsys.readouterr().out.splitlines()
-    assert out == ["2 ['/a', '/c']", "0 False []"]
-    restored = namespace["restored"]
-    assert restored.num_entries() == 4  # 2 users x (count, seen): the snapshot was taken before expiry
-    snap = namespace["snap"]
-    assert snap.released
+    namespace = run_readme_example("KeyedStateBackend(max_parallelism")
+    assert capsys.readouterr().out.splitlines() == ["2 ['/a', '/c']", "0 False []"]
+    assert namespace["restored"].num_entries() == 4  # 2 users x (count, seen): snapshot taken before expiry
+    assert namespace["snap"].released
+
+
+def test_readme_async_example_runs(capsys):
+    namespace = run_readme_example("AsyncExecutionController")
+    assert capsys.readouterr().out.splitlines() == ["2"]
+    assert namespace["aec"].in_flight_records == 0

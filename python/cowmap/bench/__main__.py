@@ -1,24 +1,212 @@
-"""``python -m cowmap.bench``: run a benchmark scenario and print a table."""
+"""``python -m cowmap.bench`` (or ``cowmap-bench``): cowmap's benchmark harness.
+
+Scenarios: ``ttl`` (default) -- ValueState keyed by (group, user) vs MapState keyed by group,
+TTL off / default cleanup / cleanup every record, swept over entries per key at a fixed total
+state size, optionally side by side with Flink's heap backend (``--with-flink``); ``core`` --
+the compiled map's get/put/snapshot vs a dict; ``snapshot`` -- snapshot start and write time vs
+state size with updates running.
+"""
 
 from __future__ import annotations
 
 import argparse
+import platform
+import sys
+import time
 
-from cowmap.bench.core import print_rows, run_core
+SCENARIOS = ("ttl", "core", "snapshot")
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        vals = tuple(int(x.replace("_", "")) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected ints >= 1, got {text!r}")
+    return vals
+
+
+def _names(allowed: tuple[str, ...]):
+    def parse(text: str) -> tuple[str, ...]:
+        vals = tuple(x.strip() for x in text.split(",") if x.strip())
+        bad = [v for v in vals if v not in allowed]
+        if bad or not vals:
+            raise argparse.ArgumentTypeError(f"expected some of {','.join(allowed)}, got {text!r}")
+        return vals
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    from cowmap.bench.workload import DEFAULT_SWEEP, LAYOUTS, TTL_MODES, Settings
+
+    d = Settings()
+    p = argparse.ArgumentParser(prog="python -m cowmap.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("scenario", nargs="?", default="ttl", choices=SCENARIOS,
+                   help="what to measure (default: ttl; core = map get/put/snapshot vs dict; "
+                        "snapshot = snapshot start/write vs state size)")
+    g = p.add_argument_group("ttl scenario")
+    g.add_argument("--groups", type=int, default=None,
+                   help=f"groups (default {d.groups}; --full: 1,000); total state = groups x users-per-group")
+    g.add_argument("--users-per-group", type=int, default=None,
+                   help=f"users per group (default {d.users_per_group:,}; --full: 10,000)")
+    g.add_argument("--sweep", type=_int_list, default=DEFAULT_SWEEP,
+                   help="entries per key to sweep at the fixed total (default 1,10,100,1000,10000)")
+    g.add_argument("--records", type=int, default=None,
+                   help=f"records per timed round (default {d.records:,}; --full: 100,000)")
+    g.add_argument("--warmup", type=int, default=d.warmup, help="warm-up passes per config (default 1)")
+    g.add_argument("--zipf", type=float, nargs="?", const=1.1, default=None, metavar="S",
+                   help="draw groups and users Zipf-skewed with exponent S (default 1.1) instead of uniformly")
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--layouts", type=_names(LAYOUTS), default=LAYOUTS, help="value,map (default both)")
+    g.add_argument("--ttl-modes", type=_names(TTL_MODES), default=TTL_MODES,
+                   help="off,default,every (default all three)")
+    g.add_argument("--round-budget-ms", type=int, default=d.round_budget_ms,
+                   help="time at most ~this per round and config: slower configs time a prefix of the records")
+    g.add_argument("--full", action="store_true",
+                   help="the seed's size: 1,000 groups x 10,000 users (10M entries per state: up to ~4 GB "
+                        "RAM per state, states of a batch at once, and a long while -- see the README)")
+    g.add_argument("--with-flink", action="store_true",
+                   help="also run Flink 2.3's heap backend on the same workload (needs Java 17+ and "
+                        "apache-flink-libraries==2.3.0)")
+    g.add_argument("--out", metavar="results.json", help="write the results as JSON")
+    g.add_argument("--plot", metavar="file.png", help="write a PNG plot (needs matplotlib)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    c = p.add_argument_group("core and snapshot scenarios")
+    c.add_argument("--n", type=int, default=None, help="core: number of keys (default 1,000,000)")
+    c.add_argument("--sizes", type=_int_list, default=(10_000, 100_000, 1_000_000),
+                   help="snapshot: state sizes (default 10000,100000,1000000)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats; the median is shown (default 5)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m cowmap.bench", description=__doc__)
-    parser.add_argument("scenario", nargs="?", default="core", choices=["core"],
-                        help="what to measure (default: core = map get/put/snapshot vs dict)")
-    parser.add_argument("--n", type=int, default=1_000_000, help="number of keys (default 1,000,000)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats; the median is shown")
+    parser = _parser()
     args = parser.parse_args(argv)
-    if args.n < 1 or args.repeats < 1:
+    if (args.n is not None and args.n < 1) or (args.repeats is not None and args.repeats < 1):
         parser.error("--n and --repeats must be >= 1")
-    print(f"cowmap core benchmark: {args.n:,} random int64 keys, median of {args.repeats} runs")
-    print_rows(run_core(args.n, args.repeats))
-    return 0
+    repeats = args.repeats if args.repeats is not None else 5
+    if args.scenario == "core":
+        from cowmap.bench.core import print_rows, run_core
+
+        n = args.n if args.n is not None else 1_000_000
+        print(f"cowmap core benchmark: {n:,} random int64 keys, median of {repeats} runs")
+        print_rows(run_core(n, repeats))
+        return 0
+    if args.n is not None:
+        parser.error("--n is for the core scenario (ttl: --records, --groups, --users-per-group)")
+    if args.scenario == "snapshot":
+        from cowmap.bench.snapshot import print_snapshot, run_snapshot
+
+        print(f"cowmap snapshot benchmark: ValueState with TTL, sizes {', '.join(f'{s:,}' for s in args.sizes)}")
+        print_snapshot(run_snapshot(list(args.sizes)))
+        return 0
+    return _main_ttl(parser, args, repeats)
+
+
+def _main_ttl(parser: argparse.ArgumentParser, args: argparse.Namespace, repeats: int) -> int:
+    from cowmap.bench import report
+    from cowmap.bench.progress import Progress
+    from cowmap.bench.ttl import run_cowmap
+    from cowmap.bench.workload import Settings, available_memory, plan_batches, units_per_batch
+
+    st = Settings(repeats=repeats, warmup=args.warmup, zipf=args.zipf, seed=args.seed, sweep=args.sweep,
+                  layouts=args.layouts, ttl_modes=args.ttl_modes, round_budget_ms=args.round_budget_ms,
+                  full=args.full)
+    if args.full:
+        st.groups, st.users_per_group, st.records = 1_000, 10_000, 100_000
+    st.groups = args.groups if args.groups is not None else st.groups
+    st.users_per_group = args.users_per_group if args.users_per_group is not None else st.users_per_group
+    st.records = args.records if args.records is not None else st.records
+    for name in ("groups", "users_per_group", "records", "warmup", "round_budget_ms"):
+        if getattr(st, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.zipf is not None and args.zipf <= 0:
+        parser.error("--zipf exponent must be > 0")
+    points = st.points()
+    per_point = len(st.layouts) * len(st.ttl_modes)
+    print(f"cowmap ttl benchmark: {st.total:,} entries per state ({st.groups:,} groups x "
+          f"{st.users_per_group:,} users), entries/key {', '.join(f'{e:,}' for e, _, _ in points)}; "
+          f"{len(points) * per_point} configs; {st.records:,} records per round "
+          f"({'Zipf s=%g' % st.zipf if st.zipf else 'uniform'}, seed {st.seed}), "
+          f"{st.warmup} warm-up + {st.repeats} timed rounds")
+    avail = available_memory()
+    if avail and st.total * 400 > 0.6 * avail:
+        print(f"warning: one state needs up to ~{st.total * 400 / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available",
+              file=sys.stderr)
+    if st.total >= 1_000_000:
+        est = len(points) * per_point * st.total * 5e-6 * (2 if args.with_flink else 1)
+        print(f"note: filling {len(points) * per_point} states of {st.total:,} entries takes a while "
+              f"(roughly {est / 60:.0f} min or more on a slow machine)", file=sys.stderr)
+    flink_paths, flink_msg = None, ""
+    if args.with_flink:
+        from cowmap.bench import flink
+
+        flink_paths, flink_msg = flink.check()
+        if flink_msg:
+            print(flink_msg, file=sys.stderr)
+    units = sum(units_per_batch(st, len(b)) for b in plan_batches(st, st.total)) * len(points)
+    if flink_paths:
+        units += sum(units_per_batch(st, len(b)) for b in plan_batches(st, st.total, flink.JVM_BYTES_PER_ENTRY)) * len(points)
+    bar = Progress(units, enabled=not args.no_progress)
+    t0 = time.monotonic()
+    rows, errors = run_cowmap(st, on_progress=bar.update)
+    flink_status = {"requested": bool(args.with_flink), "ran": False, "message": flink_msg}
+    if flink_paths:
+        try:
+            frows, ferrors = flink.run_flink(st, flink_paths, on_progress=bar.update)
+        except (OSError, RuntimeError) as e:
+            frows, ferrors = [], [f"Flink side failed: {e}"]
+        rows += frows
+        errors += ferrors
+        flink_status.update(ran=bool(frows), jar=str(flink_paths["jar"]),
+                            java=flink.java_version(flink_paths["java"]))
+    bar.close()
+    wall = time.monotonic() - t0
+    rows = [report.finish_row(r) for r in rows]
+    ts = report.targets(rows)
+    lost = [r for r in rows if not r["state_ok"]]
+    print()
+    print("\n".join(report.rows_table(rows)))
+    print()
+    print("\n".join(report.matrix_table(rows)))
+    print()
+    print("\n".join(report.targets_lines(ts)))
+    print(f"wall time {wall:,.0f} s")
+    for err in errors:
+        print(f"error: {err}", file=sys.stderr)
+    if lost:
+        print(f"STATE LOST in {len(lost)} row(s): entries alive or value sums differ from what the records "
+              "wrote -- those figures do not count", file=sys.stderr)
+    doc = {"scenario": "ttl", "format": 1, "settings": st.to_json(),
+           "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                       "cpus": _cpus()},
+           "flink": flink_status, "wall_s": round(wall, 1), "rows": sorted(rows, key=report.sort_key),
+           "targets": ts, "state_lost": bool(lost), "errors": errors}
+    if args.out:
+        report.write_json(args.out, doc)
+        print(f"wrote {args.out}")
+    if args.plot:
+        why = report.plot(rows, args.plot, _title(st, any(r["system"] == "flink" for r in rows)))
+        print(why if why else f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
+    return 1 if lost or (errors and not rows) else 0
+
+
+def _title(st: object, with_flink: bool) -> str:
+    dist = f"Zipf s={st.zipf:g}" if st.zipf else "uniform"  # type: ignore[attr-defined]
+    vs = ", cowmap vs Flink 2.3 heap backend" if with_flink else ""
+    return f"read-modify-write per record, {st.total:,} entries per state, {dist} records{vs}"  # type: ignore[attr-defined]
+
+
+def _cpus() -> int | None:
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
 
 
 if __name__ == "__main__":
