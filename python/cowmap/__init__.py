@@ -18,6 +18,13 @@ except ImportError as exc:  # pragma: no cover - only hit on a broken install
         "`pip install -e .` for development) from the project root."
     ) from exc
 
+from cowmap.asyncstate import (
+    AsyncExecutionController,
+    EpochMode,
+    StateFuture,
+    StateFutureUtils,
+    StateIterator,
+)
 from cowmap.state import (
     VOID_NAMESPACE,
     AggregateFunction,
@@ -45,6 +52,11 @@ from cowmap.state import (
 
 __all__ = [
     "AggregateFunction",
+    "AsyncExecutionController",
+    "EpochMode",
+    "StateFuture",
+    "StateFutureUtils",
+    "StateIterator",
     "AggregatingState",
     "AggregatingStateDescriptor",
     "CopyOnWriteStateMap",
