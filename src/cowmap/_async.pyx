@@ -7,6 +7,7 @@ re-exports these; see there for the semantics.
 """
 
 cimport cython
+from cpython.pythread cimport PyThread_get_thread_ident
 
 import collections
 import enum
@@ -415,6 +416,7 @@ cdef class AsyncExecutionController:
     cdef object _epoch
     cdef object _epochs
     cdef Py_ssize_t _buffer_seq
+    cdef unsigned long _task_thread
 
 
     def __init__(self, backend, batch_size=1000, buffer_timeout_ms=1000, max_in_flight_records=6000, epoch_mode=EpochMode.SERIAL_BETWEEN_EPOCH, mailbox=None):
@@ -435,6 +437,7 @@ cdef class AsyncExecutionController:
 
             mailbox = Mailbox()
         self.mailbox = mailbox
+        self._task_thread = mailbox._task_thread  # the mailbox's task thread is ours
         self._current = None
         self._active = []
         self._blocking = {}
@@ -702,6 +705,7 @@ cdef class AsyncExecutionController:
             for action in epochs.popleft().actions:
                 action()
 
-    def _check_thread(self):
-        if not self.mailbox.is_task_thread():
+    cdef int _check_thread(self) except -1:
+        if PyThread_get_thread_ident() != self._task_thread:
             raise RuntimeError("the AsyncExecutionController must be used from its task thread")
+        return 0
