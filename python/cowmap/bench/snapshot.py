@@ -51,7 +51,7 @@ def run_snapshot(sizes: list[int], seed: int = 42, progress=None) -> list[dict]:
             update(0)
         keys = np.random.default_rng([seed, n]).integers(0, n, size=200_000).tolist()
 
-        def updates(stop=None, keys=keys) -> tuple[int, float]:
+        def updates(stop=None, keys=keys, sck=sck, value=value, update=update) -> tuple[int, float]:
             done, t0 = 0, time.perf_counter_ns()
             for k in keys:
                 sck(k)

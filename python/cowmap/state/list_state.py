@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from cowmap._core import CopyOnWriteStateMap, StateMapSnapshot
+from cowmap._core import StateMapSnapshot
 from cowmap.state.async_methods import AsyncListMethods
-from cowmap.state.table import State, StateTable, _expired
+from cowmap.state.table import State, StateTable
+from cowmap.state.ttl import expired
 
 __all__ = ["ListState", "ListTable"]
 
@@ -39,19 +40,6 @@ class ListState(AsyncListMethods, State):
     """
 
     __slots__ = ()
-
-    def _map(self, write: bool) -> CopyOnWriteStateMap | None:
-        t = self._t
-        b = self._b
-        try:
-            m = t.maps[b._kg]
-        except TypeError:
-            raise self._no_key() from None
-        if m is None and write:
-            m = t.map_for_write(b._kg)
-        if t.cleanup_size:
-            t.cleanup_step()
-        return m
 
     def get(self) -> list[Any]:
         t = self._t
@@ -125,27 +113,12 @@ class ListState(AsyncListMethods, State):
             now = self._b.now()
             m.put(key, ns, [x for v in vals for x in (v, now)], now)
 
-    def clear(self) -> None:
-        t = self._t
-        b = self._b
-        try:
-            m = t.maps[b._kg]
-        except TypeError:
-            raise self._no_key() from None
-        if m is not None:
-            m.remove(b._key, self._ns)
-        if t.cleanup_size:
-            t.cleanup_step()
-
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         """Append the lists of ``sources`` (removed) to the list of ``target``,
         elements keeping their timestamps."""
         t = self._t
         b = self._b
-        try:
-            m = t.maps[b._kg]
-        except TypeError:
-            raise self._no_key() from None
+        m = self._current_map()
         if m is None:
             return
         key = b._key
@@ -205,7 +178,7 @@ class ListTable(StateTable):
             if now is not None:
                 # Flink's list snapshot filter stops at the first live element
                 # (STOP_ON_FIRST_INCLUDED): only expired elements before it go
-                first = next((i for i, ts in enumerate(stamps) if not _expired(ts, ttl, now)), None)
+                first = next((i for i, ts in enumerate(stamps) if not expired(ts, ttl, now)), None)
                 if first is None:
                     continue
                 values, stamps = values[first:], stamps[first:]

@@ -18,7 +18,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 from cowmap._core import EXPIRED, NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, multi_get, multi_replace
 from cowmap.state.async_methods import AsyncMapMethods
-from cowmap.state.table import VOID_NAMESPACE, State, StateTable, _expired
+from cowmap.state.table import VOID_NAMESPACE, State, StateTable
+from cowmap.state.ttl import expired
 
 __all__ = ["MapState", "MapTable"]
 
@@ -142,7 +143,7 @@ class MapTable(StateTable):
     def export(self, snap: StateMapSnapshot, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:
         """``(key, namespace, user_key, value, ts)`` per user entry."""
         for ukey, ctx, value, ts in snap.iter_with_timestamps():
-            if now is None or not _expired(ts, ttl, now):
+            if now is None or not expired(ts, ttl, now):
                 key, ns = split_ctx(ctx)
                 yield key, ns, ukey, (None if value is _NONE else value), ts
 

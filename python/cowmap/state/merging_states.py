@@ -24,19 +24,6 @@ class _MergingState(AsyncMergingMethods, State):
 
     __slots__ = ()
 
-    def _map(self, write: bool) -> CopyOnWriteStateMap | None:
-        t = self._t
-        b = self._b
-        try:
-            m = t.maps[b._kg]
-        except TypeError:
-            raise self._no_key() from None
-        if t.cleanup_size:
-            t.cleanup_step()
-        if m is None and write:
-            m = t.map_for_write(b._kg)
-        return m
-
     def _read(self, m: CopyOnWriteStateMap | None, ns: Any) -> Any:
         """Flink's ``getWithTtlCheckAndUpdate``: the accumulator or ``_ABSENT``."""
         if m is None:
@@ -75,18 +62,6 @@ class _MergingState(AsyncMergingMethods, State):
         else:
             m.put(self._b._key, ns, acc)
 
-    def clear(self) -> None:
-        t = self._t
-        b = self._b
-        try:
-            m = t.maps[b._kg]
-        except TypeError:
-            raise self._no_key() from None
-        if m is not None:
-            m.remove(b._key, self._ns)
-        if t.cleanup_size:
-            t.cleanup_step()
-
     def _combine(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
@@ -99,10 +74,7 @@ class _MergingState(AsyncMergingMethods, State):
         Flink's ``AbstractHeapMergingState.mergeNamespaces`` does."""
         t = self._t
         b = self._b
-        try:
-            m = t.maps[b._kg]
-        except TypeError:
-            raise self._no_key() from None
+        m = self._current_map()
         if m is None:
             return
         key = b._key

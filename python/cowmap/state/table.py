@@ -7,11 +7,11 @@ view's current namespace, and do their work on the map of that key group.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
 from cowmap.state.descriptors import StateDescriptor
-from cowmap.state.ttl import MAX_TIMESTAMP, StateVisibility, UpdateType
+from cowmap.state.ttl import StateVisibility, UpdateType, expired
 
 if TYPE_CHECKING:
     from cowmap.state.backend import KeyedStateBackend
@@ -43,11 +43,6 @@ class VoidNamespace:
 
 
 VOID_NAMESPACE = VoidNamespace()
-
-
-def _expired(ts: int, ttl: int, now: int) -> bool:
-    end = ts + ttl
-    return (end if end < MAX_TIMESTAMP else MAX_TIMESTAMP) <= now
 
 
 class StateTable:
@@ -122,8 +117,7 @@ class StateTable:
         return self.backend.now()
 
     def is_expired(self, ts: int, now: int) -> bool:
-        end = ts + self.ttl
-        return (end if end < MAX_TIMESTAMP else MAX_TIMESTAMP) <= now
+        return expired(ts, self.ttl, now)
 
     def cleanup_step(self) -> None:
         """One state access's worth of Flink's incremental cleanup.
@@ -190,7 +184,7 @@ class StateTable:
         (full-snapshot cleanup) values expired at ``now`` are left out. The values are
         the stored objects, not copies."""
         for key, ns, state, ts in snap.iter_with_timestamps():
-            if now is None or not _expired(ts, ttl, now):
+            if now is None or not expired(ts, ttl, now):
                 yield key, ns, state, ts
 
     def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
@@ -225,6 +219,31 @@ class State:
     @property
     def name(self) -> str:
         return self._t.name
+
+    def _current_map(self) -> CopyOnWriteStateMap | None:
+        """The current key group's map (None until it has one); RuntimeError without a key."""
+        try:
+            return self._t.maps[self._b._kg]  # type: ignore[index]
+        except TypeError:  # no current key: _kg is None
+            raise self._no_key() from None
+
+    def _map(self, write: bool) -> CopyOnWriteStateMap | None:
+        """The current key group's map after one access's cleanup step, made if ``write``."""
+        m = self._current_map()
+        t = self._t
+        if t.cleanup_size:
+            t.cleanup_step()
+        if m is None and write:
+            m = t.map_for_write(self._b._kg)  # type: ignore[arg-type]
+        return m
+
+    def clear(self) -> None:
+        """Remove the current key's state in the current namespace."""
+        m = self._current_map()
+        if m is not None:
+            m.remove(self._b._key, self._ns)
+        if self._t.cleanup_size:
+            self._t.cleanup_step()
 
     def _no_key(self) -> RuntimeError:
         return RuntimeError(f"no current key: call set_current_key() before using state {self._t.name!r}")

@@ -33,7 +33,7 @@ class ValueState(AsyncValueMethods, State):
     def value(self) -> Any:
         t = self._t
         b = self._b
-        try:
+        try:  # State._current_map, inlined: value() and update() are the hottest path
             m = t.maps[b._kg]
         except TypeError:
             raise self._no_key() from None
@@ -78,18 +78,6 @@ class ValueState(AsyncValueMethods, State):
             if t.ticks <= 0:
                 t.run_cleanup()
         m.put(b._key, self._ns, value, b._time())
-
-    def clear(self) -> None:
-        t = self._t
-        b = self._b
-        try:
-            m = t.maps[b._kg]
-        except TypeError:
-            raise self._no_key() from None
-        if m is not None:
-            m.remove(b._key, self._ns)
-        if t.cleanup_size:
-            t.cleanup_step()
 
 
     # -- vectorised forms for the AsyncExecutionController: one core call per batch
