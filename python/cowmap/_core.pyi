@@ -10,6 +10,9 @@ NO_TIMESTAMP: int
 EXPIRED: object
 """What ``get_unexpired`` returns for an expired entry."""
 
+def wall_clock_ms() -> int:
+    """Milliseconds since the Unix epoch (the backend's default time provider)."""
+
 Keys = Union[Sequence[Any], npt.NDArray[np.int64]]
 
 class CopyOnWriteStateMap:

@@ -866,3 +866,27 @@ def test_snapshot_is_readable_while_processing_goes_on() -> None:
         seen.extend(it)
         assert sorted(e[0] for e in seen) == list(range(500))
         assert all(e[2] == e[0] for e in seen)
+
+
+def test_default_time_provider_is_the_wall_clock_in_ms() -> None:
+    import time
+
+    from cowmap._core import wall_clock_ms
+
+    before = time.time_ns() // 1_000_000
+    now = wall_clock_ms()
+    after = time.time_ns() // 1_000_000
+    assert type(now) is int
+    assert before <= now <= after
+    backend = KeyedStateBackend()
+    assert before <= backend.now() <= time.time_ns() // 1_000_000
+    # a TTL write without a time_provider is stamped with the wall clock
+    desc = ValueStateDescriptor("v")
+    desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(hours=1)).build())
+    state = backend.get_state(desc)
+    backend.set_current_key("k")
+    t0 = time.time_ns() // 1_000_000
+    state.update(1)
+    t1 = time.time_ns() // 1_000_000
+    ts = backend._tables["v"].maps[backend._kg].timestamp("k", VOID_NAMESPACE)  # type: ignore[union-attr]
+    assert t0 <= ts <= t1

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
+from cowmap._core import wall_clock_ms
 from cowmap._keygroups import key_group_for
 from cowmap.state.descriptors import (
     AggregatingStateDescriptor,
@@ -27,10 +27,6 @@ __all__ = ["KeyedStateBackend"]
 _TABLES: dict[str, type[StateTable]] = {
     t.kind: t for t in (ValueTable, ListTable, MapTable, ReducingTable, AggregatingTable)
 }
-
-
-def _wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class KeyedStateBackend:
@@ -72,7 +68,7 @@ class KeyedStateBackend:
         self.key_group_range = key_group_range
         self._lo = key_group_range.start
         self._hi = key_group_range.end
-        self._time = time_provider if time_provider is not None else _wall_clock_ms
+        self._time = time_provider if time_provider is not None else wall_clock_ms
         self.now()  # fail here, not at the first TTL access, if it returns no int
         self._key: Any = None
         self._kg: int | None = None
