@@ -845,8 +845,12 @@ cdef class AsyncExecutionController:
         return rest
 
     def _run_group(self, reqs):
-        cdef Request first = reqs[0]
+        """Run one group of a wave: requests of one state and op, at most one per key."""
+        cdef Request first, req
         cdef Py_ssize_t i, n
+        if type(reqs) is not list or not reqs:
+            raise TypeError("_run_group needs a non-empty list of requests")
+        first = <Request?>(<list>reqs)[0]
         state = first.state
         vector = getattr(state, _batch_name(first.op), None)
         if vector is not None:
@@ -854,30 +858,33 @@ cdef class AsyncExecutionController:
                 results = vector(reqs)
             except Exception as exc:  # the whole call failed: fail every request of it
                 self.core_calls += 1
-                for req in reqs:
-                    self._complete(req, None, exc)
+                for item in reqs:
+                    self._complete(<Request?>item, None, exc)
                 return
             if results is not None:
                 self.core_calls += 1
                 if type(results) is not list:
                     results = list(results)
-                n = len(reqs)
+                n = len(<list>reqs)
                 if len(<list>results) != n:
                     raise RuntimeError(
                         f"{type(state).__name__}.{_batch_name(first.op)} returned {len(<list>results)} results "
                         f"for {n} requests"
                     )
                 for i in range(n):
-                    self._complete(reqs[i], (<list>results)[i], None)
+                    self._complete(<Request?>(<list>reqs)[i], (<list>results)[i], None)
                 return
         backend = self.backend
-        for req in reqs:
-            backend.set_current_key((<Request>req).ctx.key)
-            if state._ns is not (<Request>req).ns:
-                state.set_current_namespace((<Request>req).ns)
+        for item in reqs:
+            req = <Request?>item
+            if req.ctx is None:
+                raise ValueError("a request without a record context")
+            backend.set_current_key(req.ctx.key)
+            if state._ns is not req.ns:
+                state.set_current_namespace(req.ns)
             self.core_calls += 1
             try:
-                value = getattr(state, (<Request>req).op)(*(<Request>req).args)
+                value = getattr(state, req.op)(*req.args)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 self._complete(req, None, exc)
             else:
@@ -886,6 +893,8 @@ cdef class AsyncExecutionController:
     cdef int _complete(self, Request req, value, exc) except -1:
         """Complete a request's future with its record current, so the callbacks'
         own async calls belong to that record."""
+        if req.future is None:
+            raise ValueError("a request without a future")
         previous = self._current
         self._current = req.ctx
         try:
@@ -1059,3 +1068,84 @@ def async_map_contains(self, key):
 def async_map_is_empty(self):
     """A future of ``is_empty()``."""
     return _aec_of(self)._request(self, _IS_EMPTY, _NO_ARGS)
+
+
+# ------------------------------------------------------------ batch helpers
+# The per-request loops of the states' vectorised ``_batch_<op>`` methods
+# (value_state.py, map_state.py), in C: each is one call per batch group.
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def request_columns(list reqs not None):
+    """``(key groups, keys, namespaces)`` of a list of requests, as three lists."""
+    cdef Py_ssize_t i, n = len(reqs)
+    cdef list kgs = [None] * n
+    cdef list keys = [None] * n
+    cdef list nss = [None] * n
+    cdef Request r
+    cdef RecordContext c
+    for i in range(n):
+        r = <Request?>reqs[i]
+        c = r.ctx
+        if c is None:
+            raise ValueError("a request without a record context")
+        kgs[i] = c.key_group
+        keys[i] = c.key
+        nss[i] = r.ns
+    return kgs, keys, nss
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def request_args(list reqs not None, Py_ssize_t index):
+    """Argument ``index`` of every request, as a list."""
+    cdef Py_ssize_t i, n = len(reqs)
+    cdef list out = [None] * n
+    cdef Request r
+    if index < 0:
+        raise ValueError(f"index must be >= 0, got {index}")
+    for i in range(n):
+        r = <Request?>reqs[i]
+        if r.args is None or index >= len(r.args):
+            raise ValueError(f"request {r.op!r} has no argument {index}")
+        out[i] = r.args[index]
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def positions(list items not None, obj):
+    """The indices of the items that are ``obj`` (identity), as a list."""
+    cdef Py_ssize_t i, n = len(items)
+    cdef list out = []
+    for i in range(n):
+        if items[i] is obj:
+            out.append(i)
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def replace_all(list items not None, old, new):
+    """Replace, in place, the items that are ``old`` (identity) by ``new``; returns ``items``."""
+    cdef Py_ssize_t i, n = len(items)
+    for i in range(n):
+        if items[i] is old:
+            items[i] = new
+    return items
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def map_contexts(list keys not None, list namespaces not None, void_namespace, marker):
+    """MapState's core namespaces: ``key`` in ``void_namespace``, else
+    ``(key, namespace, marker)`` (see map_state.make_ctx)."""
+    cdef Py_ssize_t i, n = len(keys)
+    if len(namespaces) != n:
+        raise ValueError("keys and namespaces must have the same length")
+    cdef list out = [None] * n
+    for i in range(n):
+        ns = namespaces[i]
+        out[i] = keys[i] if ns is void_namespace else (keys[i], ns, marker)
+    return out

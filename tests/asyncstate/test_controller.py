@@ -526,3 +526,25 @@ def test_reference_counts_of_values_and_functions_stay_flat() -> None:
     after = (sys.getrefcount(val), sys.getrefcount(fn), sys.getrefcount(store), sys.getrefcount(aec))
     assert after == before
     assert_quiet(aec)
+
+
+def test_batch_helpers_and_run_group_reject_bad_requests() -> None:
+    from cowmap._async import Request, map_contexts, positions, replace_all, request_args, request_columns
+
+    backend, count, aec = make()
+    with pytest.raises(TypeError):
+        request_columns([object()])
+    with pytest.raises(ValueError, match="record context"):
+        request_columns([Request(count, "value", (), None, None, None)])
+    with pytest.raises(ValueError, match="no argument 1"):
+        request_args([Request(count, "update", (5,), None, None, None)], 1)
+    with pytest.raises(ValueError, match="same length"):
+        map_contexts([1, 2], [None], None, None)
+    assert positions([None, 1, None], None) == [0, 2]
+    assert replace_all([None, 1], None, 0) == [0, 1]
+    with pytest.raises(TypeError, match="non-empty list"):
+        aec._run_group([])
+    with pytest.raises(TypeError):
+        aec._run_group([object()])
+    with pytest.raises(ValueError, match="record context"):
+        aec._run_group([Request(count, "clear", (), None, None, None)])
