@@ -87,27 +87,6 @@ cdef class RecordContext:
         return f"<RecordContext key={self.key!r} refs={self.refs}>"
 
 
-@cython.final
-@cython.freelist(1024)
-cdef class Request:
-    """One queued state request of a record."""
-
-    cdef public object state
-    cdef public str op
-    cdef public tuple args
-    cdef public object ns
-    cdef public StateFuture future
-    cdef public RecordContext ctx
-
-    def __init__(self, state, str op, tuple args, ns, StateFuture future, RecordContext ctx):
-        self.state = state
-        self.op = op
-        self.args = args
-        self.ns = ns
-        self.future = future
-        self.ctx = ctx
-
-
 # How a derived future (made by ``then_*``) is completed when the future it
 # waits on completes: a code and the user functions in its own fields, so a
 # chain step allocates no closure. The future it waits on holds it as a
@@ -148,6 +127,13 @@ cdef class StateFuture:
     cdef object _fn3
     cdef object _aux
     cdef object _val
+    # as the future of a request (made by AsyncExecutionController._request, one
+    # object per request): the state, the state method's name and arguments, and
+    # the state's namespace at the call; the record context is _ctx
+    cdef readonly object _state
+    cdef readonly str _op
+    cdef readonly tuple _args
+    cdef readonly object _ns
 
     def __class_getitem__(cls, item):
         return cls
@@ -460,6 +446,15 @@ cdef inline StateFuture _as_future(f, str what):
     return <StateFuture>f
 
 
+cdef StateFuture _as_request(r):
+    """``r`` as a request (the future of a queued state request); ValueError if it is none."""
+    if not isinstance(r, StateFuture):
+        raise TypeError(f"expected a request (StateFuture), not {type(r).__name__}")
+    if type((<StateFuture>r)._ctx) is not RecordContext or (<StateFuture>r)._op is None:
+        raise ValueError("not a request: a StateFuture without a record context and state method")
+    return <StateFuture>r
+
+
 class StateFutureUtils:
     """Helpers with Flink's names."""
 
@@ -559,8 +554,8 @@ cdef class _Epoch:
         self.actions = []
 
 
-cdef inline bint _same_group(Request a, Request b):
-    return a.state is b.state and (a.op is b.op or a.op == b.op)
+cdef inline bint _same_group(StateFuture a, StateFuture b):
+    return a._state is b._state and (a._op is b._op or a._op == b._op)
 
 
 cdef class AsyncExecutionController:
@@ -700,21 +695,18 @@ cdef class AsyncExecutionController:
         return self._request(state, <str>_OPS.get(op, op), args)
 
     cdef StateFuture _request(self, state, str op, tuple args):
-        """Queue a request of the current record; a future of its result."""
+        """Queue a request of the current record; the future of its result,
+        which is the request itself (it carries the state, op and arguments)."""
         cdef RecordContext ctx = self._current
-        cdef StateFuture fut
-        cdef Request req
+        cdef StateFuture req
         if ctx is None:
             raise RuntimeError("async state calls must be made inside AsyncExecutionController.process")
         ns = None if state is None else state._ns
-        fut = _new_future(self.mailbox, ctx)
-        req = Request.__new__(Request)
-        req.state = state
-        req.op = op
-        req.args = args
-        req.ns = ns
-        req.future = fut
-        req.ctx = ctx
+        req = _new_future(self.mailbox, ctx)
+        req._state = state
+        req._op = op
+        req._args = args
+        req._ns = ns
         if ctx.holds_key or self._try_occupy(ctx):
             self._insert_active(req)
         else:
@@ -722,7 +714,7 @@ cdef class AsyncExecutionController:
             if q is None:
                 q = self._blocking[ctx.key] = collections.deque()
             q.append(req)
-        return fut
+        return req
 
     def sync_point(self, callback):
         """Run ``callback`` once the current record holds its key (at once if it does)."""
@@ -736,8 +728,8 @@ cdef class AsyncExecutionController:
             return True
         return holder is ctx
 
-    cdef int _insert_active(self, Request req) except -1:
-        if req.op is _SYNC:  # needs nothing from the state: done as soon as runnable
+    cdef int _insert_active(self, StateFuture req) except -1:
+        if req._op is _SYNC:  # needs nothing from the state: done as soon as runnable
             return self._complete(req, None, None)
         active = self._active
         active.append(req)
@@ -753,20 +745,20 @@ cdef class AsyncExecutionController:
             del self._holders[ctx.key]
             q = self._blocking.get(ctx.key) if self._blocking else None
             if q:  # the next record of this key takes it, with all its waiting requests
-                nxt = (<Request>q[0]).ctx
+                nxt = (<StateFuture>q[0])._ctx
                 for r in q:  # the first of the highest priority
-                    if (<Request>r).ctx.priority > nxt.priority:
-                        nxt = (<Request>r).ctx
+                    if (<RecordContext>(<StateFuture>r)._ctx).priority > (<RecordContext>nxt).priority:
+                        nxt = (<StateFuture>r)._ctx
                 self._holders[ctx.key] = nxt
                 (<RecordContext>nxt).holds_key = True
-                mine = [r for r in q if (<Request>r).ctx is nxt]
-                rest = [r for r in q if (<Request>r).ctx is not nxt]
+                mine = [r for r in q if (<StateFuture>r)._ctx is nxt]
+                rest = [r for r in q if (<StateFuture>r)._ctx is not nxt]
                 if rest:
                     self._blocking[ctx.key] = collections.deque(rest)
                 else:
                     del self._blocking[ctx.key]
                 for r in mine:
-                    self._insert_active(<Request>r)
+                    self._insert_active(<StateFuture>r)
         ep = <_Epoch?>ctx.epoch
         ep.records -= 1
         if ep.records == 0 and ep.closed:
@@ -805,40 +797,40 @@ cdef class AsyncExecutionController:
         cdef list group = None
         cdef list g
         cdef dict index = None
-        cdef Request req
+        cdef StateFuture req
         cdef RecordContext ctx
         cdef Py_ssize_t wave
         self._wave_seq += 1
         wave = self._wave_seq
         for item in batch:
-            req = <Request>item
-            ctx = req.ctx
+            req = <StateFuture>item
+            ctx = <RecordContext>req._ctx
             # A key's requests in a batch all belong to one record (the record
             # holding the key: another can only take it once all of them are
             # done), so its context marks which states it used in this wave.
             if ctx._wave != wave:
                 ctx._wave = wave
-                ctx._wave_state = <void *>req.state
+                ctx._wave_state = <void *>req._state
                 ctx._wave_states = None
-            elif not _first_use_in_wave(ctx, req.state):
+            elif not _first_use_in_wave(ctx, req._state):
                 rest.append(req)
                 continue
-            if group is None or not _same_group(<Request>group[0], req):
+            if group is None or not _same_group(<StateFuture>group[0], req):
                 group = None
                 if index is None:
                     for g in groups:
-                        if _same_group(<Request>g[0], req):
+                        if _same_group(<StateFuture>g[0], req):
                             group = g
                             break
                     if group is None and len(groups) >= 8:  # many groups: index them
-                        index = {(id((<Request>g[0]).state), (<Request>g[0]).op): g for g in groups}
+                        index = {(id((<StateFuture>g[0])._state), (<StateFuture>g[0])._op): g for g in groups}
                 else:
-                    group = index.get((id(req.state), req.op))
+                    group = index.get((id(req._state), req._op))
                 if group is None:
                     group = []
                     groups.append(group)
                     if index is not None:
-                        index[(id(req.state), req.op)] = group
+                        index[(id(req._state), req._op)] = group
             group.append(req)
         for g in groups:
             self._run_group(g)
@@ -846,20 +838,20 @@ cdef class AsyncExecutionController:
 
     def _run_group(self, reqs):
         """Run one group of a wave: requests of one state and op, at most one per key."""
-        cdef Request first, req
+        cdef StateFuture first, req
         cdef Py_ssize_t i, n
         if type(reqs) is not list or not reqs:
             raise TypeError("_run_group needs a non-empty list of requests")
-        first = <Request?>(<list>reqs)[0]
-        state = first.state
-        vector = getattr(state, _batch_name(first.op), None)
+        first = _as_request((<list>reqs)[0])
+        state = first._state
+        vector = getattr(state, _batch_name(first._op), None)
         if vector is not None:
             try:
                 results = vector(reqs)
             except Exception as exc:  # the whole call failed: fail every request of it
                 self.core_calls += 1
                 for item in reqs:
-                    self._complete(<Request?>item, None, exc)
+                    self._complete(_as_request(item), None, exc)
                 return
             if results is not None:
                 self.core_calls += 1
@@ -868,37 +860,33 @@ cdef class AsyncExecutionController:
                 n = len(<list>reqs)
                 if len(<list>results) != n:
                     raise RuntimeError(
-                        f"{type(state).__name__}.{_batch_name(first.op)} returned {len(<list>results)} results "
+                        f"{type(state).__name__}.{_batch_name(first._op)} returned {len(<list>results)} results "
                         f"for {n} requests"
                     )
                 for i in range(n):
-                    self._complete(<Request?>(<list>reqs)[i], (<list>results)[i], None)
+                    self._complete(_as_request((<list>reqs)[i]), (<list>results)[i], None)
                 return
         backend = self.backend
         for item in reqs:
-            req = <Request?>item
-            if req.ctx is None:
-                raise ValueError("a request without a record context")
-            backend.set_current_key(req.ctx.key)
-            if state._ns is not req.ns:
-                state.set_current_namespace(req.ns)
+            req = _as_request(item)
+            backend.set_current_key((<RecordContext>req._ctx).key)
+            if state._ns is not req._ns:
+                state.set_current_namespace(req._ns)
             self.core_calls += 1
             try:
-                value = getattr(state, req.op)(*req.args)
+                value = getattr(state, req._op)(*req._args)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 self._complete(req, None, exc)
             else:
                 self._complete(req, value, None)
 
-    cdef int _complete(self, Request req, value, exc) except -1:
+    cdef int _complete(self, StateFuture req, value, exc) except -1:
         """Complete a request's future with its record current, so the callbacks'
         own async calls belong to that record."""
-        if req.future is None:
-            raise ValueError("a request without a future")
         previous = self._current
-        self._current = req.ctx
+        self._current = <RecordContext?>req._ctx
         try:
-            req.future._set(value, exc)  # on the task thread already
+            req._set(value, exc)  # on the task thread already
         finally:
             self._current = previous
         return 0
@@ -1083,16 +1071,14 @@ def request_columns(list reqs not None):
     cdef list kgs = [None] * n
     cdef list keys = [None] * n
     cdef list nss = [None] * n
-    cdef Request r
+    cdef StateFuture r
     cdef RecordContext c
     for i in range(n):
-        r = <Request?>reqs[i]
-        c = r.ctx
-        if c is None:
-            raise ValueError("a request without a record context")
+        r = _as_request(reqs[i])
+        c = <RecordContext>r._ctx
         kgs[i] = c.key_group
         keys[i] = c.key
-        nss[i] = r.ns
+        nss[i] = r._ns
     return kgs, keys, nss
 
 
@@ -1102,14 +1088,14 @@ def request_args(list reqs not None, Py_ssize_t index):
     """Argument ``index`` of every request, as a list."""
     cdef Py_ssize_t i, n = len(reqs)
     cdef list out = [None] * n
-    cdef Request r
+    cdef StateFuture r
     if index < 0:
         raise ValueError(f"index must be >= 0, got {index}")
     for i in range(n):
-        r = <Request?>reqs[i]
-        if r.args is None or index >= len(r.args):
-            raise ValueError(f"request {r.op!r} has no argument {index}")
-        out[i] = r.args[index]
+        r = _as_request(reqs[i])
+        if r._args is None or index >= len(r._args):
+            raise ValueError(f"request {r._op!r} has no argument {index}")
+        out[i] = r._args[index]
     return out
 
 

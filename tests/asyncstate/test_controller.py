@@ -529,22 +529,30 @@ def test_reference_counts_of_values_and_functions_stay_flat() -> None:
 
 
 def test_batch_helpers_and_run_group_reject_bad_requests() -> None:
-    from cowmap._async import Request, map_contexts, positions, replace_all, request_args, request_columns
+    from cowmap.asyncstate import StateFuture
+    from cowmap._async import map_contexts, positions, replace_all, request_args, request_columns
 
-    backend, count, aec = make()
-    with pytest.raises(TypeError):
+    backend, count, aec = make(batch_size=100)
+    reqs: list[Any] = []
+    aec.process("k", lambda _: reqs.append(count.async_update(5)))
+    assert request_args(reqs, 0) == [5]
+    assert request_columns(reqs) == ([reqs[0]._ctx.key_group], ["k"], [count.get_current_namespace()])
+    with pytest.raises(TypeError, match="expected a request"):
         request_columns([object()])
-    with pytest.raises(ValueError, match="record context"):
-        request_columns([Request(count, "value", (), None, None, None)])
+    with pytest.raises(ValueError, match="not a request"):
+        request_columns([StateFuture()])
     with pytest.raises(ValueError, match="no argument 1"):
-        request_args([Request(count, "update", (5,), None, None, None)], 1)
+        request_args(reqs, 1)
     with pytest.raises(ValueError, match="same length"):
         map_contexts([1, 2], [None], None, None)
     assert positions([None, 1, None], None) == [0, 2]
     assert replace_all([None, 1], None, 0) == [0, 1]
     with pytest.raises(TypeError, match="non-empty list"):
         aec._run_group([])
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="expected a request"):
         aec._run_group([object()])
-    with pytest.raises(ValueError, match="record context"):
-        aec._run_group([Request(count, "clear", (), None, None, None)])
+    with pytest.raises(ValueError, match="not a request"):
+        aec._run_group([StateFuture()])
+    aec.drain()
+    assert reqs[0].get() is None
+    assert_quiet(aec)

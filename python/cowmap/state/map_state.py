@@ -376,11 +376,11 @@ class MapState(AsyncMapMethods, State):
         if t.cleanup_size:
             t.tick(len(reqs))
         ctxs = map_contexts(keys, nss, VOID_NAMESPACE, _NS)
-        values = replace_all(request_args(reqs, 1), None, _NONE)
+        values = request_args(reqs, 1)
         ts = self._b._time() if t.ttl else NO_TIMESTAMP
-        done = multi_replace(t.maps, kgs, ukeys, ctxs, values, ts)
+        done = multi_replace(t.maps, kgs, ukeys, ctxs, replace_all(values.copy(), None, _NONE), ts)
         for i in positions(done, False):  # new user keys: insert and link them
-            t.insert(kgs[i], ctxs[i], ukeys[i], reqs[i].args[1], ts)  # type: ignore[attr-defined]
+            t.insert(kgs[i], ctxs[i], ukeys[i], values[i], ts)  # type: ignore[attr-defined]
         return [None] * len(reqs)
 
     __getitem__ = get
