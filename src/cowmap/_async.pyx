@@ -10,6 +10,46 @@ The Python API lives in ``cowmap.asyncstate`` (future.py, controller.py) and
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
 
+cdef extern from *:
+    """
+    #include "structmember.h"
+
+    /* A cached read of a __slots__ attribute: the member's offset, cached for one
+       exact type and its version tag (CPython gives a type a new tag whenever it
+       or a base changes, so a stale entry never matches). */
+    typedef struct { PyTypeObject *type; unsigned int tag; Py_ssize_t offset; } cowmap_slot_cache;
+
+    /* obj.<name>: new reference, or NULL with an exception set. Anything but a
+       plain T_OBJECT_EX member of a type using the generic getattr takes the
+       ordinary PyObject_GetAttr path (with its errors). */
+    static PyObject *cowmap_slot_get(PyObject *obj, PyObject *name, cowmap_slot_cache *c) {
+        PyTypeObject *t = Py_TYPE(obj);
+        if (t == c->type && c->tag != 0 && t->tp_version_tag == c->tag
+                && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+            PyObject *v = *(PyObject **)((char *)obj + c->offset);
+            if (v != NULL) {
+                Py_INCREF(v);
+                return v;
+            }
+        } else if (t->tp_getattro == PyObject_GenericGetAttr) {
+            PyObject *d = _PyType_Lookup(t, name);  /* borrowed; gives t a version tag */
+            if (d != NULL && Py_TYPE(d) == &PyMemberDescr_Type
+                    && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0) {
+                PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+                if (m->type == T_OBJECT_EX && (m->flags & PY_AUDIT_READ) == 0) {
+                    c->type = t;
+                    c->tag = t->tp_version_tag;
+                    c->offset = m->offset;
+                }
+            }
+        }
+        return PyObject_GetAttr(obj, name);
+    }
+    """
+    ctypedef struct cowmap_slot_cache:
+        pass
+    object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
+
 import collections
 import enum
 import threading
@@ -701,7 +741,7 @@ cdef class AsyncExecutionController:
         cdef StateFuture req
         if ctx is None:
             raise RuntimeError("async state calls must be made inside AsyncExecutionController.process")
-        ns = None if state is None else state._ns
+        ns = None if state is None else cowmap_slot_get(state, _NS, &_ns_slot)
         req = _new_future(self.mailbox, ctx)
         req._state = state
         req._op = op
@@ -976,8 +1016,14 @@ cdef bint _first_use_in_wave(RecordContext ctx, state) except -1:
 # request of the record being processed with the backend's controller.
 
 
+cdef cowmap_slot_cache _b_slot
+cdef cowmap_slot_cache _ns_slot
+cdef str _B = "_b"
+cdef str _NS = "_ns"
+
+
 cdef AsyncExecutionController _aec_of(state):
-    aec = state._b._aec
+    aec = cowmap_slot_get(state, _B, &_b_slot)._aec
     if aec is None:
         raise RuntimeError(
             f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"

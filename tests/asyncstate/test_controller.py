@@ -556,3 +556,45 @@ def test_batch_helpers_and_run_group_reject_bad_requests() -> None:
     aec.drain()
     assert reqs[0].get() is None
     assert_quiet(aec)
+
+
+def test_state_attributes_read_by_the_twins_follow_class_changes() -> None:
+    """The twins read state._b and state._ns through a per-type cache of the slot
+    offsets; it must give what getattr gives when a class changes or overrides them."""
+    from cowmap.state.value_state import ValueState
+
+    backend, count, aec = make(batch_size=100)
+
+    class V(ValueState):
+        __slots__ = ()
+
+    v = V(count._t)
+    reqs: list[Any] = []
+    aec.process("k", lambda _: reqs.append(v.async_value()))
+    assert reqs[-1]._ns is count.get_current_namespace()  # cached now
+    V._ns = property(lambda self: "ns-from-property")  # type: ignore[assignment]
+    aec.process("k", lambda _: reqs.append(v.async_update(1)))
+    assert reqs[-1]._ns == "ns-from-property"
+    del V._ns
+    aec.process("k", lambda _: reqs.append(v.async_update(2)))
+    assert reqs[-1]._ns is count.get_current_namespace()
+
+    class W(ValueState):
+        __slots__ = ()
+
+    w = W(count._t)
+    aec.process("k", lambda _: w.async_value())  # cached for W
+
+    def no_backend(self: Any) -> Any:
+        raise LookupError("no backend here")
+
+    W._b = property(no_backend)  # type: ignore[assignment]
+    with pytest.raises(LookupError, match="no backend here"):
+        aec.process("k", lambda _: w.async_value())
+    aec.drain()
+    backend.set_current_key("k")
+    assert count.value() == 2
+    empty = ValueState.__new__(ValueState)  # slots never set
+    with pytest.raises(AttributeError):
+        aec.process("j", lambda _: empty.async_value())
+    aec.drain()
