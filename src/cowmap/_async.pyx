@@ -9,6 +9,7 @@ The Python API lives in ``cowmap.asyncstate`` (future.py, controller.py) and
 
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.ref cimport PyObject
 
 cdef extern from *:
     """
@@ -48,6 +49,7 @@ cdef extern from *:
     """
     ctypedef struct cowmap_slot_cache:
         pass
+    PyObject *PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
     object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
 
 import collections
@@ -761,12 +763,12 @@ cdef class AsyncExecutionController:
         return self._request(None, _SYNC, _NO_ARGS).then_accept(lambda _: callback())
 
     cdef bint _try_occupy(self, RecordContext ctx) except -1:
-        holder = self._holders.get(ctx.key)
-        if holder is None:
-            self._holders[ctx.key] = ctx
+        """Take ctx's key if it is free (one dict probe); whether ctx holds it."""
+        holder = <object>PyDict_SetDefault(self._holders, ctx.key, ctx)
+        if holder is ctx:
             ctx.holds_key = True
             return True
-        return holder is ctx
+        return False
 
     cdef int _insert_active(self, StateFuture req) except -1:
         if req._op is _SYNC:  # needs nothing from the state: done as soon as runnable
