@@ -60,7 +60,7 @@ cdef class StateFuture
 cdef class RecordContext
 cdef class AsyncExecutionController
 
-_PENDING = object()
+cdef object _PENDING = object()  # the result of a pending future
 
 
 cdef inline int _retain(object ctx) except -1:
