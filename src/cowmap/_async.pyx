@@ -14,6 +14,9 @@ from cpython.ref cimport PyObject
 cdef extern from *:
     """
     #include "structmember.h"
+    #ifndef PY_AUDIT_READ
+    #define PY_AUDIT_READ READ_RESTRICTED
+    #endif
 
     /* A cached read of a __slots__ attribute: the member's offset, cached for one
        exact type and its version tag (CPython gives a type a new tag whenever it
