@@ -1,13 +1,59 @@
 # cython: language_level=3
-"""The hot parts of the async state layer, compiled: ``StateFuture`` and the
-record context / request objects of the ``AsyncExecutionController``.
+"""The hot parts of the async state layer, compiled: ``StateFuture``, the
+``AsyncExecutionController`` with its record contexts and requests, the async
+twins of the state methods and the per-request loops of the states' batch calls.
 
-The Python API lives in ``cowmap.asyncstate`` (future.py, controller.py), which
-re-exports these; see there for the semantics.
+The Python API lives in ``cowmap.asyncstate`` (future.py, controller.py) and
+``cowmap.state.async_methods``, which re-export these; see there for the semantics.
 """
 
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
+from cpython.ref cimport PyObject
+
+cdef extern from *:
+    """
+    #include "structmember.h"
+    #ifndef PY_AUDIT_READ
+    #define PY_AUDIT_READ READ_RESTRICTED
+    #endif
+
+    /* A cached read of a __slots__ attribute: the member's offset, cached for one
+       exact type and its version tag (CPython gives a type a new tag whenever it
+       or a base changes, so a stale entry never matches). */
+    typedef struct { PyTypeObject *type; unsigned int tag; Py_ssize_t offset; } cowmap_slot_cache;
+
+    /* obj.<name>: new reference, or NULL with an exception set. Anything but a
+       plain T_OBJECT_EX member of a type using the generic getattr takes the
+       ordinary PyObject_GetAttr path (with its errors). */
+    static PyObject *cowmap_slot_get(PyObject *obj, PyObject *name, cowmap_slot_cache *c) {
+        PyTypeObject *t = Py_TYPE(obj);
+        if (t == c->type && c->tag != 0 && t->tp_version_tag == c->tag
+                && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
+            PyObject *v = *(PyObject **)((char *)obj + c->offset);
+            if (v != NULL) {
+                Py_INCREF(v);
+                return v;
+            }
+        } else if (t->tp_getattro == PyObject_GenericGetAttr) {
+            PyObject *d = _PyType_Lookup(t, name);  /* borrowed; gives t a version tag */
+            if (d != NULL && Py_TYPE(d) == &PyMemberDescr_Type
+                    && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0) {
+                PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+                if (m->type == T_OBJECT_EX && (m->flags & PY_AUDIT_READ) == 0) {
+                    c->type = t;
+                    c->tag = t->tp_version_tag;
+                    c->offset = m->offset;
+                }
+            }
+        }
+        return PyObject_GetAttr(obj, name);
+    }
+    """
+    ctypedef struct cowmap_slot_cache:
+        pass
+    PyObject *PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
+    object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
 
 import collections
 import enum
@@ -17,29 +63,35 @@ cdef class StateFuture
 cdef class RecordContext
 cdef class AsyncExecutionController
 
-_PENDING = object()
+cdef object _PENDING = object()  # the result of a pending future
 
 
-cdef inline void _retain(object ctx) except *:
+cdef inline int _retain(object ctx) except -1:
     if type(ctx) is RecordContext:
         (<RecordContext>ctx).refs += 1
     else:
         ctx.retain()
+    return 0
 
 
-cdef inline void _release(object ctx) except *:
-    cdef RecordContext rc
+cdef inline int _release(object ctx) except -1:
     if type(ctx) is RecordContext:
-        rc = <RecordContext>ctx
-        rc.refs -= 1
-        if rc.refs == 0:
+        return _release_record(<RecordContext>ctx)
+    ctx.release()
+    return 0
+
+
+cdef int _release_record(RecordContext rc) except -1:
+    rc.refs -= 1
+    if rc.refs == 0:
+        if rc._aec is not None:
             (<AsyncExecutionController>rc._aec)._dispose(rc)
-        elif rc.refs < 0:
-            raise RuntimeError("record context released more often than retained")
-    else:
-        ctx.release()
+    elif rc.refs < 0:
+        raise RuntimeError("record context released more often than retained")
+    return 0
 
 
+@cython.freelist(1024)
 cdef class RecordContext:
     """One input record in flight: its key, key group, epoch and reference count."""
 
@@ -50,9 +102,17 @@ cdef class RecordContext:
     cdef public object priority
     cdef public Py_ssize_t refs
     cdef public bint holds_key
-    cdef public object _aec
+    cdef readonly AsyncExecutionController _aec
+    # the wave of a batch this record last had a request in (see
+    # AsyncExecutionController._run_wave): the first state it used in that
+    # wave (identity only, not a reference) and the others, if any
+    cdef Py_ssize_t _wave
+    cdef void *_wave_state
+    cdef list _wave_states
 
     def __init__(self, aec, record, key, key_group, epoch, priority=0):
+        if aec is not None and not isinstance(aec, AsyncExecutionController):
+            raise TypeError(f"aec must be an AsyncExecutionController or None, not {type(aec).__name__}")
         self.record = record
         self.key = key
         self.key_group = key_group
@@ -66,40 +126,59 @@ cdef class RecordContext:
         self.refs += 1
 
     def release(self):
-        _release(self)
+        _release_record(self)
 
     def __repr__(self):
         return f"<RecordContext key={self.key!r} refs={self.refs}>"
 
 
-@cython.final
-cdef class Request:
-    """One queued state request of a record."""
+# How a derived future (made by ``then_*``) is completed when the future it
+# waits on completes: a code and the user functions in its own fields, so a
+# chain step allocates no closure. The future it waits on holds it as a
+# callback (see ``_run_callback``).
+cdef enum:
+    K_SOURCE = 0         # not derived: completed by a request or by complete()
+    K_APPLY = 1          # fn(result)
+    K_ACCEPT = 2         # fn(result); None
+    K_COMPOSE = 3        # fn(result) is a future: then K_FORWARD on it
+    K_FORWARD = 4        # the result (or exception) of the inner future
+    K_COMBINE = 5        # waits for _aux (the other future): then K_COMBINE_BOTH
+    K_COMBINE_BOTH = 6   # fn(first result in _val, other's result)
+    K_COND_APPLY = 7     # (condition(r), if_true(r) / if_false(r) / None)
+    K_COND_ACCEPT = 8    # condition(r) after if_true(r) / if_false(r)
+    K_COND_COMPOSE = 9   # branch(r) is a future: then K_COND_FORWARD on it
+    K_COND_FORWARD = 10  # (the condition in _val, the inner future's result)
+    K_TO_LIST = 11       # [] if result is None else list(result)
 
-    cdef public object state
-    cdef public str op
-    cdef public tuple args
-    cdef public object ns
-    cdef public StateFuture future
-    cdef public RecordContext ctx
 
-    def __init__(self, state, str op, tuple args, ns, StateFuture future, RecordContext ctx):
-        self.state = state
-        self.op = op
-        self.args = args
-        self.ns = ns
-        self.future = future
-        self.ctx = ctx
-
-
+@cython.freelist(4096)
 cdef class StateFuture:
     """A value that a state request will produce, with Flink's ``then_*`` chaining."""
 
     cdef readonly object _result
     cdef readonly object _exc
-    cdef public list _callbacks
     cdef readonly object _mailbox
     cdef readonly object _ctx
+    cdef bint _done
+    # callbacks in registration order: the first in _cb (most futures have at
+    # most one), the others in _cbs. A callback is a derived StateFuture (its
+    # step runs) or a Python callable taking no arguments.
+    cdef object _cb
+    cdef list _cbs
+    # as a derived future: its step (K_*) and what the step needs
+    cdef int _kind
+    cdef object _fn
+    cdef object _fn2
+    cdef object _fn3
+    cdef object _aux
+    cdef object _val
+    # as the future of a request (made by AsyncExecutionController._request, one
+    # object per request): the state, the state method's name and arguments, and
+    # the state's namespace at the call; the record context is _ctx
+    cdef readonly object _state
+    cdef readonly str _op
+    cdef readonly tuple _args
+    cdef readonly object _ns
 
     def __class_getitem__(cls, item):
         return cls
@@ -107,7 +186,10 @@ cdef class StateFuture:
     def __init__(self, mailbox=None, context=None):
         self._result = _PENDING
         self._exc = None
-        self._callbacks = []
+        self._done = False
+        self._cb = None
+        self._cbs = None
+        self._kind = K_SOURCE
         self._mailbox = mailbox
         self._ctx = context
         if context is not None:
@@ -116,11 +198,11 @@ cdef class StateFuture:
     # ------------------------------------------------------------ completion
 
     def is_done(self):
-        return self._callbacks is None
+        return self._done
 
     def get(self):
         """The result of a completed future (raises its exception; RuntimeError if pending)."""
-        if self._callbacks is not None:
+        if not self._done:
             raise RuntimeError("the future is not complete yet")
         if self._exc is not None:
             raise self._exc
@@ -140,111 +222,209 @@ cdef class StateFuture:
         if mb is not None and not mb.is_task_thread():
             mb.post(lambda: self._finish_here(value, exc))
         else:
-            self._finish_here(value, exc)
+            self._set(value, exc)
 
-    cpdef _finish_here(self, value, exc):
-        callbacks = self._callbacks
-        if callbacks is None:
+    def _finish_here(self, value, exc):
+        """Complete now, on the task thread, running the callbacks."""
+        self._set(value, exc)
+
+    cdef int _set(self, value, exc) except -1:
+        """Complete and run the callbacks in order. With a context, each callback
+        holds a reference until it has run and the pending future one until all
+        have; a callback that raises stops the others (their references are
+        released) and the exception propagates."""
+        cdef Py_ssize_t n, i
+        if self._done:
             raise RuntimeError("the future is already complete")
         self._result = value
         self._exc = exc
-        self._callbacks = None
+        self._done = True
+        cb = self._cb
+        cbs = self._cbs
+        self._cb = None
+        self._cbs = None
         ctx = self._ctx
         if ctx is None:
-            for cb in callbacks:
-                cb()
-            return
+            if cb is not None:
+                _run_callback(cb, self)
+                if cbs is not None:
+                    for c in cbs:
+                        _run_callback(c, self)
+            return 0
+        if cb is None:
+            _release(ctx)  # the reference the pending future held
+            return 0
+        n = 1 if cbs is None else 1 + len(<list>cbs)
+        i = 0
         try:
-            for i, cb in enumerate(callbacks):
-                try:
-                    cb()
-                finally:
-                    _release(ctx)  # the reference the callback held
+            try:
+                _run_callback(cb, self)
+            finally:
+                _release(ctx)  # the reference the callback held
+            if cbs is not None:
+                for i in range(1, n):
+                    try:
+                        _run_callback((<list>cbs)[i - 1], self)
+                    finally:
+                        _release(ctx)
         except BaseException:
-            for _ in range(len(callbacks) - i - 1):  # callbacks that will not run now
+            for _ in range(n - i - 1):  # callbacks that will not run now
                 _release(ctx)
             raise
         finally:
             _release(ctx)  # the reference the pending future held
+        return 0
 
     # ------------------------------------------------------------ chaining
 
-    cpdef StateFuture _derived(self):
-        return StateFuture(self._mailbox, self._ctx)
-
-    cpdef _on_done(self, cb):
+    cdef int _add_callback(self, cb) except -1:
         """Run ``cb`` when complete (now if already); counts as a registered callback."""
-        callbacks = self._callbacks
-        if callbacks is None:
-            cb()
-            return
+        if self._done:
+            return _run_callback(cb, self)
         if self._ctx is not None:
-            _retain(self._ctx)  # released by _finish_here once cb has run
-        callbacks.append(cb)
+            _retain(self._ctx)  # released by _set once cb has run
+        if self._cb is None and self._cbs is None:
+            self._cb = cb
+        elif self._cbs is None:
+            self._cbs = [cb]
+        else:
+            self._cbs.append(cb)
+        return 0
 
-    def _chain(self, step):
-        """A derived future completed by ``step(derived, result)``; errors propagate."""
-        out = self._derived()
+    def _on_done(self, cb):
+        """Run the callable ``cb()`` when complete (now if already)."""
+        _callable(cb, "cb")
+        self._add_callback(cb)
 
-        def cb():
-            if self._exc is not None:
-                out._finish_here(None, self._exc)
-                return
-            try:
-                step(out, self._result)
-            except BaseException as exc:  # user code failed: fail the chain, surface it
-                if not out.is_done():
-                    out._finish_here(None, exc)
-                raise
-
-        self._on_done(cb)
+    cdef StateFuture _then(self, int kind, fn, fn2, fn3):
+        """A derived future completed by step ``kind`` once this one completes."""
+        cdef StateFuture out = _new_future(self._mailbox, self._ctx)
+        out._kind = kind
+        out._fn = fn
+        out._fn2 = fn2
+        out._fn3 = fn3
+        self._add_callback(out)
         return out
+
+    cdef int _step(self, StateFuture src) except -1:
+        """Run this derived future's step now that ``src`` (what it waits on) is complete."""
+        cdef int kind = self._kind
+        fn = self._fn
+        if kind == K_FORWARD:
+            self._kind = K_SOURCE
+            self._aux = None
+            return self._set(src._result, src._exc)
+        if kind == K_COND_FORWARD:
+            self._kind = K_SOURCE
+            self._aux = None
+            ok = self._val
+            self._val = None
+            if src._exc is not None:
+                return self._set(None, src._exc)
+            return self._set((ok, src._result), None)
+        if kind == K_COMBINE_BOTH:
+            self._kind = K_SOURCE
+            self._aux = None
+            self._fn = None
+            first = self._val
+            self._val = None
+            if src._exc is not None:
+                return self._set(None, src._exc)
+            try:
+                value = fn(first, src._result)
+            except BaseException as exc:
+                self._set(None, exc)
+                raise
+            return self._set(value, None)
+        # a step on the result of the future this one was derived from: its
+        # failure fails this future; an exception raised by the user function
+        # fails it too and propagates (it fails the processing)
+        fn2 = self._fn2
+        fn3 = self._fn3
+        self._kind = K_SOURCE
+        self._fn = None
+        self._fn2 = None
+        self._fn3 = None
+        if src._exc is not None:
+            self._aux = None
+            return self._set(None, src._exc)
+        try:
+            self._apply(kind, src._result, fn, fn2, fn3)
+        except BaseException as exc:
+            if not self._done:
+                self._set(None, exc)
+            raise
+        return 0
+
+    cdef int _apply(self, int kind, r, fn, fn2, fn3) except -1:
+        cdef StateFuture inner
+        if kind == K_APPLY:
+            return self._set(fn(r), None)
+        if kind == K_ACCEPT:
+            fn(r)
+            return self._set(None, None)
+        if kind == K_COMPOSE:
+            inner = _as_future(fn(r), "then_compose's function")
+            self._kind = K_FORWARD
+            self._aux = inner  # (for the GC: the inner future and this one refer to each other)
+            return inner._add_callback(self)
+        if kind == K_COMBINE:
+            other = <StateFuture>self._aux
+            self._val = r
+            self._fn = fn
+            self._kind = K_COMBINE_BOTH
+            return other._add_callback(self)
+        if kind == K_COND_APPLY:
+            if fn(r):
+                return self._set((True, fn2(r)), None)
+            return self._set((False, fn3(r) if fn3 is not None else None), None)
+        if kind == K_COND_ACCEPT:
+            ok = bool(fn(r))
+            if ok:
+                fn2(r)
+            elif fn3 is not None:
+                fn3(r)
+            return self._set(ok, None)
+        if kind == K_COND_COMPOSE:
+            ok = bool(fn(r))
+            branch = fn2 if ok else fn3
+            if branch is None:
+                return self._set((False, None), None)
+            inner = _as_future(branch(r), "then_conditionally_compose's function")
+            self._val = ok
+            self._kind = K_COND_FORWARD
+            self._aux = inner
+            return inner._add_callback(self)
+        if kind == K_TO_LIST:
+            return self._set([] if r is None else list(r), None)
+        raise RuntimeError(f"not a derived future (step {kind})")
 
     def then_apply(self, fn):
         """A future of ``fn(result)``."""
         _callable(fn, "fn")
-        return self._chain(lambda out, r: out._finish_here(fn(r), None))
+        return self._then(K_APPLY, fn, None, None)
 
     def then_accept(self, action):
         """A future of None, completed after ``action(result)`` ran."""
         _callable(action, "action")
-
-        def step(out, r):
-            action(r)
-            out._finish_here(None, None)
-
-        return self._chain(step)
+        return self._then(K_ACCEPT, action, None, None)
 
     def then_compose(self, fn):
         """A future of the result of the future ``fn(result)`` returns."""
         _callable(fn, "fn")
-
-        def step(out, r):
-            inner = _as_future(fn(r), "then_compose's function")
-            inner._on_done(lambda: out._finish_here(inner._result, inner._exc))
-
-        return self._chain(step)
+        return self._then(K_COMPOSE, fn, None, None)
 
     def then_combine(self, other, fn):
         """A future of ``fn(result, other's result)``, once both are complete."""
+        cdef StateFuture out
         _as_future(other, "other")
         _callable(fn, "fn")
-
-        def step(out, r):
-            def both():
-                if other._exc is not None:
-                    out._finish_here(None, other._exc)
-                    return
-                try:
-                    value = fn(r, other._result)
-                except BaseException as exc:
-                    out._finish_here(None, exc)
-                    raise
-                out._finish_here(value, None)
-
-            other._on_done(both)
-
-        return self._chain(step)
+        out = _new_future(self._mailbox, self._ctx)
+        out._kind = K_COMBINE
+        out._fn = fn
+        out._aux = other
+        self._add_callback(out)
+        return out
 
     def then_conditionally_apply(
         self, condition, if_true, if_false = None
@@ -252,14 +432,7 @@ cdef class StateFuture:
         """A future of ``(condition(result), the applied branch's result or None)``."""
         _callable(condition, "condition")
         _callable(if_true, "if_true")
-
-        def step(out, r):
-            if condition(r):
-                out._finish_here((True, if_true(r)), None)
-            else:
-                out._finish_here((False, if_false(r) if if_false is not None else None), None)
-
-        return self._chain(step)
+        return self._then(K_COND_APPLY, condition, if_true, if_false)
 
     def then_conditionally_accept(
         self, condition, if_true, if_false = None
@@ -267,16 +440,7 @@ cdef class StateFuture:
         """A future of ``condition(result)``, completed after the chosen action ran."""
         _callable(condition, "condition")
         _callable(if_true, "if_true")
-
-        def step(out, r):
-            ok = bool(condition(r))
-            if ok:
-                if_true(r)
-            elif if_false is not None:
-                if_false(r)
-            out._finish_here(ok, None)
-
-        return self._chain(step)
+        return self._then(K_COND_ACCEPT, condition, if_true, if_false)
 
     def then_conditionally_compose(
         self,
@@ -286,39 +450,54 @@ cdef class StateFuture:
         """A future of ``(condition(result), the chosen branch future's result or None)``."""
         _callable(condition, "condition")
         _callable(if_true, "if_true")
-
-        def step(out, r):
-            ok = bool(condition(r))
-            branch = if_true if ok else if_false
-            if branch is None:
-                out._finish_here((False, None), None)
-                return
-            inner = _as_future(branch(r), "then_conditionally_compose's function")
-            inner._on_done(
-                lambda: out._finish_here(None, inner._exc)
-                if inner._exc is not None
-                else out._finish_here((ok, inner._result), None)
-            )
-
-        return self._chain(step)
+        return self._then(K_COND_COMPOSE, condition, if_true, if_false)
 
     def __repr__(self):
-        if self._callbacks is not None:
+        if not self._done:
             return "<StateFuture pending>"
         if self._exc is not None:
             return f"<StateFuture failed: {self._exc!r}>"
         return f"<StateFuture done: {self._result!r}>"
 
 
-def _callable(fn, what):
+cdef inline int _run_callback(cb, StateFuture src) except -1:
+    """Run a callback of ``src``, which has just completed."""
+    if type(cb) is StateFuture:
+        return (<StateFuture>cb)._step(src)
+    cb()
+    return 0
+
+
+cdef StateFuture _new_future(mailbox, ctx):
+    """``StateFuture(mailbox, ctx)`` without the Python call."""
+    cdef StateFuture f = StateFuture.__new__(StateFuture)
+    f._result = _PENDING
+    f._mailbox = mailbox
+    f._ctx = ctx
+    if ctx is not None:
+        _retain(ctx)
+    return f
+
+
+cdef inline int _callable(fn, str what) except -1:
     if not callable(fn):
         raise TypeError(f"{what} must be callable, not {type(fn).__name__}")
+    return 0
 
 
-def _as_future(f, what):
+cdef inline StateFuture _as_future(f, str what):
     if not isinstance(f, StateFuture):
         raise TypeError(f"{what} must return a StateFuture, not {type(f).__name__}")
-    return f
+    return <StateFuture>f
+
+
+cdef StateFuture _as_request(r):
+    """``r`` as a request (the future of a queued state request); ValueError if it is none."""
+    if not isinstance(r, StateFuture):
+        raise TypeError(f"expected a request (StateFuture), not {type(r).__name__}")
+    if type((<StateFuture>r)._ctx) is not RecordContext or (<StateFuture>r)._op is None:
+        raise ValueError("not a request: a StateFuture without a record context and state method")
+    return <StateFuture>r
 
 
 class StateFutureUtils:
@@ -326,8 +505,8 @@ class StateFutureUtils:
 
     @staticmethod
     def completed_future(value):
-        f = StateFuture()
-        f._finish_here(value, None)
+        cdef StateFuture f = _new_future(None, None)
+        f._set(value, None)
         return f
 
     @staticmethod
@@ -337,33 +516,64 @@ class StateFutureUtils:
     @staticmethod
     def combine_all(futures):
         """A future of every result, in input order, once the last one completes."""
+        cdef StateFuture out
         fs = [_as_future(f, "combine_all's input") for f in futures]
         if not fs:
             return StateFutureUtils.completed_future([])
-        out = fs[0]._derived()
+        first = <StateFuture>fs[0]
+        out = _new_future(first._mailbox, first._ctx)
         left = [len(fs)]
 
         def one_done():
             left[0] -= 1
-            if left[0] == 0 and not out.is_done():
-                failed = next((f._exc for f in fs if f._exc is not None), None)
-                out._finish_here(None if failed else [f._result for f in fs], failed)
+            if left[0] == 0 and not out._done:
+                failed = next(((<StateFuture>f)._exc for f in fs if (<StateFuture>f)._exc is not None), None)
+                out._set(None if failed else [(<StateFuture>f)._result for f in fs], failed)
 
         for f in fs:
-            f._on_done(one_done)
+            (<StateFuture>f)._add_callback(one_done)
         return out
 
     @staticmethod
     def to_iterable(future):
         """A future of a list of what the iterable result of ``future`` yields."""
-        _as_future(future, "to_iterable's input")
-        return future._chain(lambda out, it: out._finish_here([] if it is None else list(it), None))
+        return _as_future(future, "to_iterable's input")._then(K_TO_LIST, None, None, None)
 
 
 
 # ------------------------------------------------------------ the controller
 
 _SYNC_POINT = "sync_point"
+cdef tuple _NO_ARGS = ()
+
+# The request types of the state methods, by name: a request's op is one of
+# these objects (so grouping compares identities) and its batch form, if the
+# state has one, is ``_batch_<op>``.
+cdef dict _OPS = {}
+cdef dict _BATCH_NAMES = {}
+for _name in ("value", "update", "clear", "get", "add", "add_all", "put", "put_all", "remove",
+              "contains", "items", "keys", "values", "is_empty", _SYNC_POINT):
+    _OPS[_name] = _name
+    _BATCH_NAMES[_name] = "_batch_" + _name
+del _name
+
+cdef str _VALUE = _OPS["value"]
+cdef str _UPDATE = _OPS["update"]
+cdef str _CLEAR = _OPS["clear"]
+cdef str _GET = _OPS["get"]
+cdef str _ADD = _OPS["add"]
+cdef str _ADD_ALL = _OPS["add_all"]
+cdef str _PUT = _OPS["put"]
+cdef str _PUT_ALL = _OPS["put_all"]
+cdef str _REMOVE = _OPS["remove"]
+cdef str _CONTAINS = _OPS["contains"]
+cdef str _IS_EMPTY = _OPS["is_empty"]
+cdef str _SYNC = _OPS[_SYNC_POINT]
+
+
+cdef str _batch_name(str op):
+    name = _BATCH_NAMES.get(op)
+    return <str>name if name is not None else "_batch_" + op
 
 
 class EpochMode(enum.Enum):
@@ -375,8 +585,13 @@ class EpochMode(enum.Enum):
     PARALLEL_BETWEEN_EPOCH = 1
 
 
-class _Epoch:
-    __slots__ = ("records", "closed", "actions")
+@cython.final
+cdef class _Epoch:
+    """The records between two non-record actions, and the actions to run after them."""
+
+    cdef public Py_ssize_t records
+    cdef public bint closed
+    cdef public list actions
 
     def __init__(self):
         self.records = 0
@@ -384,6 +599,8 @@ class _Epoch:
         self.actions = []
 
 
+cdef inline bint _same_group(StateFuture a, StateFuture b):
+    return a._state is b._state and (a._op is b._op or a._op == b._op)
 
 
 cdef class AsyncExecutionController:
@@ -408,14 +625,15 @@ cdef class AsyncExecutionController:
     cdef public Py_ssize_t batches_run
     cdef public Py_ssize_t requests_run
     cdef public Py_ssize_t core_calls
-    cdef object _current
+    cdef RecordContext _current
     cdef list _active
     cdef dict _blocking
     cdef dict _holders
     cdef Py_ssize_t _in_flight
-    cdef object _epoch
+    cdef _Epoch _epoch
     cdef object _epochs
     cdef Py_ssize_t _buffer_seq
+    cdef Py_ssize_t _wave_seq
     cdef unsigned long _task_thread
 
 
@@ -446,6 +664,7 @@ cdef class AsyncExecutionController:
         self._epoch = _Epoch()
         self._epochs = collections.deque([self._epoch])
         self._buffer_seq = 0  # bumped per batch run: stale timeouts are skipped
+        self._wave_seq = 0
         #: gauges
         self.batches_run = 0
         self.requests_run = 0
@@ -487,89 +706,109 @@ cdef class AsyncExecutionController:
         ``priority``: among the records waiting for a busy key, higher goes first
         (e.g. derived work such as timers); equal priorities keep arrival order.
         """
+        cdef RecordContext ctx, previous
         self._check_thread()
         while self._in_flight >= self.max_in_flight_records:
             if not self._make_progress():
                 raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")
         backend = self.backend
         backend.set_current_key(key)  # validates the key and gives its key group
-        ctx = RecordContext(self, record, key, backend._kg, self._epoch, priority)
+        ctx = RecordContext.__new__(RecordContext)
+        ctx.record = record
+        ctx.key = key
+        ctx.key_group = backend._kg
+        ctx.epoch = self._epoch
+        ctx.priority = priority
+        ctx.refs = 1  # held while fn runs
+        ctx._aec = self
         self._epoch.records += 1
         self._in_flight += 1
-        ctx.retain()  # held while fn runs
         previous = self._current
         self._current = ctx
         try:
             fn(record)
         finally:
             self._current = previous
-            ctx.release()
+            _release_record(ctx)
         if len(self._active) >= self.batch_size:
             self.trigger()
 
     def handle_request(self, state, op, *args):
         """Queue a request of the current record; a future of its result."""
-        cdef RecordContext ctx
-        cdef StateFuture fut
-        cdef Request req
-        if self._current is None:
+        if type(op) is not str:
+            raise TypeError(f"op must be a str (a state method's name), not {type(op).__name__}")
+        return self._request(state, <str>_OPS.get(op, op), args)
+
+    cdef StateFuture _request(self, state, str op, tuple args):
+        """Queue a request of the current record; the future of its result,
+        which is the request itself (it carries the state, op and arguments)."""
+        cdef RecordContext ctx = self._current
+        cdef StateFuture req
+        if ctx is None:
             raise RuntimeError("async state calls must be made inside AsyncExecutionController.process")
-        ctx = <RecordContext?>self._current
-        fut = StateFuture(self.mailbox, ctx)
-        req = Request(state, op, args, None if state is None else state._ns, fut, ctx)
+        ns = None if state is None else cowmap_slot_get(state, _NS, &_ns_slot)
+        req = _new_future(self.mailbox, ctx)
+        req._state = state
+        req._op = op
+        req._args = args
+        req._ns = ns
         if ctx.holds_key or self._try_occupy(ctx):
             self._insert_active(req)
         else:
-            self._blocking.setdefault(ctx.key, collections.deque()).append(req)
-        return fut
+            q = self._blocking.get(ctx.key)
+            if q is None:
+                q = self._blocking[ctx.key] = collections.deque()
+            q.append(req)
+        return req
 
     def sync_point(self, callback):
         """Run ``callback`` once the current record holds its key (at once if it does)."""
-        return self.handle_request(None, _SYNC_POINT).then_accept(lambda _: callback())
+        return self._request(None, _SYNC, _NO_ARGS).then_accept(lambda _: callback())
 
     cdef bint _try_occupy(self, RecordContext ctx) except -1:
-        holder = self._holders.get(ctx.key)
-        if holder is None:
-            self._holders[ctx.key] = ctx
+        """Take ctx's key if it is free (one dict probe); whether ctx holds it."""
+        holder = <object>PyDict_SetDefault(self._holders, ctx.key, ctx)
+        if holder is ctx:
             ctx.holds_key = True
             return True
-        return holder is ctx
+        return False
 
-    cdef int _insert_active(self, Request req) except -1:
-        if req.op == _SYNC_POINT:  # needs nothing from the state: done as soon as runnable
-            self._complete(req, None, None)
-            return 0
+    cdef int _insert_active(self, StateFuture req) except -1:
+        if req._op is _SYNC:  # needs nothing from the state: done as soon as runnable
+            return self._complete(req, None, None)
         active = self._active
         active.append(req)
         if len(active) == 1 and self.buffer_timeout_ms > 0:
             self._arm_timeout()
         return 0
 
-    cpdef _dispose(self, RecordContext ctx):
+    cdef int _dispose(self, RecordContext ctx) except -1:
+        cdef _Epoch ep
         self._in_flight -= 1
         if ctx.holds_key:
             ctx.holds_key = False
             del self._holders[ctx.key]
-            q = self._blocking.get(ctx.key)
+            q = self._blocking.get(ctx.key) if self._blocking else None
             if q:  # the next record of this key takes it, with all its waiting requests
-                nxt = q[0].ctx
+                nxt = (<StateFuture>q[0])._ctx
                 for r in q:  # the first of the highest priority
-                    if r.ctx.priority > nxt.priority:
-                        nxt = r.ctx
+                    if (<RecordContext>(<StateFuture>r)._ctx).priority > (<RecordContext>nxt).priority:
+                        nxt = (<StateFuture>r)._ctx
                 self._holders[ctx.key] = nxt
-                nxt.holds_key = True
-                mine = [r for r in q if r.ctx is nxt]
-                rest = [r for r in q if r.ctx is not nxt]
+                (<RecordContext>nxt).holds_key = True
+                mine = [r for r in q if (<StateFuture>r)._ctx is nxt]
+                rest = [r for r in q if (<StateFuture>r)._ctx is not nxt]
                 if rest:
                     self._blocking[ctx.key] = collections.deque(rest)
                 else:
                     del self._blocking[ctx.key]
                 for r in mine:
-                    self._insert_active(r)
-        ep = ctx.epoch
+                    self._insert_active(<StateFuture>r)
+        ep = <_Epoch?>ctx.epoch
         ep.records -= 1
         if ep.records == 0 and ep.closed:
             self._finish_epochs()
+        return 0
 
     # ------------------------------------------------------------ batches
 
@@ -580,6 +819,8 @@ cdef class AsyncExecutionController:
         within a wave the requests of one state and type go to the state in one
         vectorised call where it has one (``_batch_<op>``), else one by one.
         """
+        cdef list batch
+        cdef Py_ssize_t n
         self._check_thread()
         batch = self._active
         if not batch:
@@ -587,60 +828,110 @@ cdef class AsyncExecutionController:
         self._active = []
         self._buffer_seq += 1
         self.batches_run += 1
-        self.requests_run += len(batch)
         n = len(batch)
+        self.requests_run += n
         while batch:
-            wave = {}
-            rest = []
-            touched = set()
-            for req in batch:
-                tk = (id(req.state), req.ctx.key)
-                if tk in touched:
-                    rest.append(req)
-                else:
-                    touched.add(tk)
-                    wave.setdefault((id(req.state), req.op), []).append(req)
-            for reqs in wave.values():
-                self._run_group(reqs)
-            batch = rest
+            batch = self._run_wave(batch)
         return n
 
+    cdef list _run_wave(self, list batch):
+        """Run the first request of each (state, key) in ``batch``, grouped by
+        (state, op) in order of first appearance; the requests left over."""
+        cdef list groups = []
+        cdef list rest = []
+        cdef list group = None
+        cdef list g
+        cdef dict index = None
+        cdef StateFuture req
+        cdef RecordContext ctx
+        cdef Py_ssize_t wave
+        self._wave_seq += 1
+        wave = self._wave_seq
+        for item in batch:
+            req = <StateFuture>item
+            ctx = <RecordContext>req._ctx
+            # A key's requests in a batch all belong to one record (the record
+            # holding the key: another can only take it once all of them are
+            # done), so its context marks which states it used in this wave.
+            if ctx._wave != wave:
+                ctx._wave = wave
+                ctx._wave_state = <void *>req._state
+                ctx._wave_states = None
+            elif not _first_use_in_wave(ctx, req._state):
+                rest.append(req)
+                continue
+            if group is None or not _same_group(<StateFuture>group[0], req):
+                group = None
+                if index is None:
+                    for g in groups:
+                        if _same_group(<StateFuture>g[0], req):
+                            group = g
+                            break
+                    if group is None and len(groups) >= 8:  # many groups: index them
+                        index = {(id((<StateFuture>g[0])._state), (<StateFuture>g[0])._op): g for g in groups}
+                else:
+                    group = index.get((id(req._state), req._op))
+                if group is None:
+                    group = []
+                    groups.append(group)
+                    if index is not None:
+                        index[(id(req._state), req._op)] = group
+            group.append(req)
+        for g in groups:
+            self._run_group(g)
+        return rest
+
     def _run_group(self, reqs):
-        state = reqs[0].state
-        vector = getattr(state, "_batch_" + reqs[0].op, None)
+        """Run one group of a wave: requests of one state and op, at most one per key."""
+        cdef StateFuture first, req
+        cdef Py_ssize_t i, n
+        if type(reqs) is not list or not reqs:
+            raise TypeError("_run_group needs a non-empty list of requests")
+        first = _as_request((<list>reqs)[0])
+        state = first._state
+        vector = getattr(state, _batch_name(first._op), None)
         if vector is not None:
             try:
                 results = vector(reqs)
             except Exception as exc:  # the whole call failed: fail every request of it
                 self.core_calls += 1
-                for req in reqs:
-                    self._complete(req, None, exc)
+                for item in reqs:
+                    self._complete(_as_request(item), None, exc)
                 return
             if results is not None:
                 self.core_calls += 1
-                for req, value in zip(reqs, results):
-                    self._complete(req, value, None)
+                if type(results) is not list:
+                    results = list(results)
+                n = len(<list>reqs)
+                if len(<list>results) != n:
+                    raise RuntimeError(
+                        f"{type(state).__name__}.{_batch_name(first._op)} returned {len(<list>results)} results "
+                        f"for {n} requests"
+                    )
+                for i in range(n):
+                    self._complete(_as_request((<list>reqs)[i]), (<list>results)[i], None)
                 return
         backend = self.backend
-        for req in reqs:
-            backend.set_current_key(req.ctx.key)
-            if state._ns is not req.ns:
-                state.set_current_namespace(req.ns)
+        for item in reqs:
+            req = _as_request(item)
+            backend.set_current_key((<RecordContext>req._ctx).key)
+            if state._ns is not req._ns:
+                state.set_current_namespace(req._ns)
             self.core_calls += 1
             try:
-                value = getattr(state, req.op)(*req.args)
+                value = getattr(state, req._op)(*req._args)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 self._complete(req, None, exc)
             else:
                 self._complete(req, value, None)
 
-    cdef int _complete(self, Request req, value, exc) except -1:
+    cdef int _complete(self, StateFuture req, value, exc) except -1:
         """Complete a request's future with its record current, so the callbacks'
         own async calls belong to that record."""
         previous = self._current
-        self._current = req.ctx
+        self._current = <RecordContext?>req._ctx
         try:
-            req.future._finish_here(value, exc)  # on the task thread already
+            req._set(value, exc)  # on the task thread already
         finally:
             self._current = previous
         return 0
@@ -701,11 +992,197 @@ cdef class AsyncExecutionController:
 
     def _finish_epochs(self):
         epochs = self._epochs
-        while epochs and epochs[0].closed and epochs[0].records == 0:
-            for action in epochs.popleft().actions:
+        while epochs and (<_Epoch>epochs[0]).closed and (<_Epoch>epochs[0]).records == 0:
+            for action in (<_Epoch>epochs.popleft()).actions:
                 action()
 
     cdef int _check_thread(self) except -1:
         if PyThread_get_thread_ident() != self._task_thread:
             raise RuntimeError("the AsyncExecutionController must be used from its task thread")
         return 0
+
+
+cdef bint _first_use_in_wave(RecordContext ctx, state) except -1:
+    """Whether ``state`` is new among the states ``ctx`` used in the current wave (and note it)."""
+    if ctx._wave_state == <void *>state:
+        return False
+    if ctx._wave_states is None:
+        ctx._wave_states = [state]
+        return True
+    for s in ctx._wave_states:
+        if s is state:
+            return False
+    ctx._wave_states.append(state)
+    return True
+
+
+# ------------------------------------------------------------ the async twins
+# Bound onto the state classes by cowmap.state.async_methods: each queues a
+# request of the record being processed with the backend's controller.
+
+
+cdef cowmap_slot_cache _b_slot
+cdef cowmap_slot_cache _ns_slot
+cdef str _B = "_b"
+cdef str _NS = "_ns"
+
+
+cdef AsyncExecutionController _aec_of(state):
+    aec = cowmap_slot_get(state, _B, &_b_slot)._aec
+    if aec is None:
+        raise RuntimeError(
+            f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"
+        )
+    return <AsyncExecutionController?>aec
+
+
+def request(state, op, *args):
+    """Queue request ``op`` (a state method's name) with ``args`` for the record
+    being processed; a future of its result."""
+    if type(op) is not str:
+        raise TypeError(f"op must be a str (a state method's name), not {type(op).__name__}")
+    return _aec_of(state)._request(state, <str>_OPS.get(op, op), args)
+
+
+def async_value(self):
+    """A future of ``value()``."""
+    return _aec_of(self)._request(self, _VALUE, _NO_ARGS)
+
+
+def async_update(self, value):
+    """A future of None, once ``update(value)`` ran."""
+    return _aec_of(self)._request(self, _UPDATE, (value,))
+
+
+def async_clear(self):
+    """A future of None, once ``clear()`` ran."""
+    return _aec_of(self)._request(self, _CLEAR, _NO_ARGS)
+
+
+def async_add(self, value):
+    """A future of None, once ``add(value)`` ran."""
+    return _aec_of(self)._request(self, _ADD, (value,))
+
+
+def async_get_value(self):
+    """A future of ``get()`` (merging states)."""
+    return _aec_of(self)._request(self, _GET, _NO_ARGS)
+
+
+def async_list_add_all(self, values):
+    """A future of None, once ``add_all(values)`` ran."""
+    return _aec_of(self)._request(self, _ADD_ALL, (list(values) if values is not None else None,))
+
+
+def async_list_update(self, values):
+    """A future of None, once ``update(values)`` ran."""
+    return _aec_of(self)._request(self, _UPDATE, (list(values) if values is not None else None,))
+
+
+def async_map_get(self, key):
+    """A future of ``get(key)``."""
+    return _aec_of(self)._request(self, _GET, (key,))
+
+
+def async_map_put(self, key, value):
+    """A future of None, once ``put(key, value)`` ran."""
+    return _aec_of(self)._request(self, _PUT, (key, value))
+
+
+def async_map_put_all(self, entries):
+    """A future of None, once ``put_all(entries)`` ran."""
+    return _aec_of(self)._request(self, _PUT_ALL, (dict(entries) if entries is not None else None,))
+
+
+def async_map_remove(self, key):
+    """A future of None, once ``remove(key)`` ran."""
+    return _aec_of(self)._request(self, _REMOVE, (key,))
+
+
+def async_map_contains(self, key):
+    """A future of ``contains(key)``."""
+    return _aec_of(self)._request(self, _CONTAINS, (key,))
+
+
+def async_map_is_empty(self):
+    """A future of ``is_empty()``."""
+    return _aec_of(self)._request(self, _IS_EMPTY, _NO_ARGS)
+
+
+# ------------------------------------------------------------ batch helpers
+# The per-request loops of the states' vectorised ``_batch_<op>`` methods
+# (value_state.py, map_state.py), in C: each is one call per batch group.
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def request_columns(list reqs not None):
+    """``(key groups, keys, namespaces)`` of a list of requests, as three lists."""
+    cdef Py_ssize_t i, n = len(reqs)
+    cdef list kgs = [None] * n
+    cdef list keys = [None] * n
+    cdef list nss = [None] * n
+    cdef StateFuture r
+    cdef RecordContext c
+    for i in range(n):
+        r = _as_request(reqs[i])
+        c = <RecordContext>r._ctx
+        kgs[i] = c.key_group
+        keys[i] = c.key
+        nss[i] = r._ns
+    return kgs, keys, nss
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def request_args(list reqs not None, Py_ssize_t index):
+    """Argument ``index`` of every request, as a list."""
+    cdef Py_ssize_t i, n = len(reqs)
+    cdef list out = [None] * n
+    cdef StateFuture r
+    if index < 0:
+        raise ValueError(f"index must be >= 0, got {index}")
+    for i in range(n):
+        r = _as_request(reqs[i])
+        if r._args is None or index >= len(r._args):
+            raise ValueError(f"request {r._op!r} has no argument {index}")
+        out[i] = r._args[index]
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def positions(list items not None, obj):
+    """The indices of the items that are ``obj`` (identity), as a list."""
+    cdef Py_ssize_t i, n = len(items)
+    cdef list out = []
+    for i in range(n):
+        if items[i] is obj:
+            out.append(i)
+    return out
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def replace_all(list items not None, old, new):
+    """Replace, in place, the items that are ``old`` (identity) by ``new``; returns ``items``."""
+    cdef Py_ssize_t i, n = len(items)
+    for i in range(n):
+        if items[i] is old:
+            items[i] = new
+    return items
+
+
+@cython.boundscheck(False)
+@cython.wraparound(False)
+def map_contexts(list keys not None, list namespaces not None, void_namespace, marker):
+    """MapState's core namespaces: ``key`` in ``void_namespace``, else
+    ``(key, namespace, marker)`` (see map_state.make_ctx)."""
+    cdef Py_ssize_t i, n = len(keys)
+    if len(namespaces) != n:
+        raise ValueError("keys and namespaces must have the same length")
+    cdef list out = [None] * n
+    for i in range(n):
+        ns = namespaces[i]
+        out[i] = keys[i] if ns is void_namespace else (keys[i], ns, marker)
+    return out

@@ -554,6 +554,48 @@ cdef class StateIncrementalVisitor:
 # ------------------------------------------------------------ multi-map batches
 
 
+cdef extern from "Python.h":
+    Py_ssize_t _list_size "PyList_GET_SIZE"(PyObject *l)
+    PyObject *_list_item "PyList_GET_ITEM"(PyObject *l, Py_ssize_t i)
+    bint _is_exact_int "PyLong_CheckExact"(PyObject *o)
+    long long _as_long_long "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow)
+
+cdef enum:
+    HINT_D = 12  # items between the three prefetch stages of a multi-map batch and the item's own lookup
+
+
+cdef inline void _hint(list maps, list kgs, list keys, list namespaces, Py_ssize_t j, int stage) noexcept:
+    """Prefetch stage ``stage`` (cm_hint) for item ``j`` of a multi-map batch: a
+    hint only, skipped for anything unexpected (the lists may change under a
+    batch whose keys run Python code)."""
+    cdef int overflow = 0
+    cdef long long kg
+    cdef PyObject *o
+    if j >= _list_size(<PyObject *>kgs) or j >= _list_size(<PyObject *>keys) or j >= _list_size(<PyObject *>namespaces):
+        return
+    o = _list_item(<PyObject *>kgs, j)
+    if not _is_exact_int(o):
+        return
+    kg = _as_long_long(o, &overflow)  # cannot fail for an exact int
+    if overflow or kg < 0 or kg >= _list_size(<PyObject *>maps):
+        return
+    o = _list_item(<PyObject *>maps, <Py_ssize_t>kg)
+    if <void *>(o.ob_type) != <void *>CopyOnWriteStateMap:
+        return
+    cm_hint(&(<CopyOnWriteStateMap>o).m, _list_item(<PyObject *>keys, j), _list_item(<PyObject *>namespaces, j), stage)
+
+
+cdef inline void _hints(list maps, list kgs, list keys, list namespaces, Py_ssize_t i, Py_ssize_t n) noexcept:
+    """The prefetch stages due at item ``i``: the slot of item i+3D, the head
+    entry of item i+2D, the state of item i+D."""
+    if i + 3 * HINT_D < n:
+        _hint(maps, kgs, keys, namespaces, i + 3 * HINT_D, 0)
+    if i + 2 * HINT_D < n:
+        _hint(maps, kgs, keys, namespaces, i + 2 * HINT_D, 1)
+    if i + HINT_D < n:
+        _hint(maps, kgs, keys, namespaces, i + HINT_D, 2)
+
+
 def multi_get(list maps, list kgs, list keys, list namespaces, now=0, ttl=0, refresh=False):
     """One call for many single-key reads spread over the maps of a state's key
     groups: item i reads ``(keys[i], namespaces[i])`` in ``maps[kgs[i]]``.
@@ -571,6 +613,7 @@ def multi_get(list maps, list kgs, list keys, list namespaces, now=0, ttl=0, ref
     cdef list out = [None] * n
     cdef CopyOnWriteStateMap cm
     for i in range(n):
+        _hints(maps, kgs, keys, namespaces, i, n)
         m = maps[kgs[i]]
         if m is None:
             continue
@@ -592,6 +635,7 @@ def multi_put(list maps, list kgs, list keys, list namespaces, list states, ts=N
     cdef int64_t c_ts = _as_ts(ts)
     cdef CopyOnWriteStateMap cm
     for i in range(n):
+        _hints(maps, kgs, keys, namespaces, i, n)
         cm = <CopyOnWriteStateMap?>maps[kgs[i]]
         cm_put(&cm.m, keys[i], namespaces[i], states[i], c_ts)
 
@@ -606,6 +650,7 @@ def multi_replace(list maps, list kgs, list keys, list namespaces, list states, 
     cdef list out = [False] * n
     cdef CopyOnWriteStateMap cm
     for i in range(n):
+        _hints(maps, kgs, keys, namespaces, i, n)
         m = maps[kgs[i]]
         if m is None:
             continue

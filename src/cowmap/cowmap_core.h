@@ -820,6 +820,64 @@ static int cm_transform(cm_map *m, PyObject *key, PyObject *ns, PyObject *value,
     return r;
 }
 
+/* ------------------------------------------- lookahead hints (multi-map) */
+
+/* The hash the map uses for o, if computing it runs no Python code: exact ints
+ * that fit 64 bits, exact str with a cached hash, objects hashed by identity. */
+static inline int cm_hint_hash(PyObject *o, Py_hash_t *h) {
+    PyTypeObject *t = Py_TYPE(o);
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow); /* cannot fail for an exact int */
+        if (overflow) return 0;
+        *h = cm_int_hash((int64_t)v);
+        return 1;
+    }
+    if (t == &PyUnicode_Type) {
+        Py_hash_t x = ((PyASCIIObject *)o)->hash;
+        if (x == -1) return 0;
+        *h = x;
+        return 1;
+    }
+    if (t->tp_hash == PyBaseObject_Type.tp_hash) {
+        *h = t->tp_hash(o);
+        return 1;
+    }
+    return 0;
+}
+
+/* A prefetch hint for a coming lookup of (key, ns) in m, for batches spread over
+ * many maps (multi_get/multi_put/multi_replace), where the single-map pipeline
+ * above does not apply: stage 0 prefetches the bucket slot, stage 1 the head
+ * entry of the bucket (its slot prefetched by an earlier stage 0), stage 2 that
+ * entry's state. Hints only: it reads the map and changes nothing, never fails,
+ * and skips keys or namespaces whose hash could run Python code. */
+static inline void cm_hint(const cm_map *m, PyObject *key, PyObject *ns, int stage) {
+#if defined(__GNUC__)
+    Py_hash_t hk, hn;
+    if (m->busy || !cm_hint_hash(key, &hk) || !cm_hint_hash(ns, &hn)) return;
+    uint32_t h = cm_composite(hk, hn);
+    const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
+    if (!t->capacity) return;
+    uint32_t b = h & (t->capacity - 1u);
+    const cm_page *pg = t->pages[b >> t->page_shift];
+    if (!pg) return;
+    const uint32_t *slot = &pg->slots[b & ((1u << t->page_shift) - 1u)];
+    if (stage == 0) { CM_PREFETCH(slot); return; }
+    uint32_t i = *slot;
+    if (!i) return;
+    const cm_entry *e = cm_E(m, i);
+    if (stage == 1) {
+        CM_PREFETCH(e);
+        CM_PREFETCH((const char *)e + sizeof(cm_entry) - 1);
+        return;
+    }
+    if (e->state) CM_PREFETCH_W(e->state);
+#else
+    (void)m; (void)key; (void)ns; (void)stage;
+#endif
+}
+
 /* ---------------------------------------------------------- batch ops */
 
 /* keys: either a Python sequence (fast sequence: list/tuple) or int64 data */

@@ -389,3 +389,212 @@ def test_vectorised_map_batches_equal_the_sync_path(ttl: bool, batch_size: int) 
         assert am.items() == sm.items()  # the same entries, in the same insertion order
     if batch_size == 1000:
         assert aec.core_calls <= 2 * aec.batches_run
+
+
+# --------------------------------------------------------------------------- compiled hot path
+
+
+def test_several_requests_of_a_record_to_one_state_run_in_order_within_a_batch() -> None:
+    """Requests not chained on each other, same (state, key), one batch: each wave
+    takes the first of them, so they run in issue order."""
+    backend, count, aec = make(batch_size=1000)
+    other = backend.get_state(ValueStateDescriptor("other", default_value=0))
+    seen: list[Any] = []
+
+    def fn(_: Any) -> None:
+        count.async_update(1)
+        other.async_update(10)
+        count.async_update(2)
+        count.async_value().then_accept(lambda v: seen.append(("count", v)))
+        other.async_value().then_accept(lambda v: seen.append(("other", v)))
+        other.async_update(11)
+        other.async_value().then_accept(lambda v: seen.append(("other", v)))
+
+    aec.process("k", fn)
+    aec.process("j", fn)
+    assert aec.active_size == 14
+    assert aec.trigger() == 14
+    # waves: (c:1, o:10), (c:2, o:value), (c:value, o:11), (o:value), for k then j in each group
+    assert seen == [("other", 10), ("other", 10), ("count", 2), ("count", 2), ("other", 11), ("other", 11)]
+    assert_quiet(aec)
+
+
+def test_a_batch_with_many_states_groups_by_state_and_type() -> None:
+    backend = KeyedStateBackend(max_parallelism=16)
+    states = [backend.get_state(ValueStateDescriptor(f"s{i}", default_value=i)) for i in range(20)]
+    aec = AsyncExecutionController(backend, batch_size=10_000, buffer_timeout_ms=0)
+    got: dict[tuple[int, int], int] = {}
+    for key in range(30):
+
+        def fn(_: Any, key: int = key) -> None:
+            for i, s in enumerate(states):
+                s.async_value().then_compose(lambda v, s=s: s.async_update(v + key)).then_accept(
+                    lambda _, i=i, key=key: got.__setitem__((key, i), 1)
+                )
+
+        aec.process(key, fn)
+    aec.drain()
+    assert len(got) == 30 * 20
+    assert aec.core_calls == 2 * 20  # one value and one update call per state
+    for key in range(30):
+        backend.set_current_key(key)
+        assert [s.value() for s in states] == [i + key for i in range(20)]
+    assert_quiet(aec)
+
+
+def test_reused_request_and_future_objects_keep_their_results() -> None:
+    """Requests, futures and contexts are recycled through free lists: futures kept
+    by the user must keep their results while later records reuse the memory."""
+    backend, count, aec = make(batch_size=50)
+    kept: list[Any] = []
+    for rnd in range(5):
+        for i in range(200):
+            aec.process(i, lambda _: kept.append(count.async_value().then_compose(lambda n: count.async_update(n + 1).then_apply(lambda _: n))))
+        aec.drain()
+    assert all(f.is_done() for f in kept)
+    assert [f.get() for f in kept] == [r for r in range(5) for _ in range(200)]
+    assert_quiet(aec)
+
+
+def test_compiled_twins_and_handle_request_reject_bad_input() -> None:
+    backend, count, aec = make()
+    with pytest.raises(TypeError, match="op must be a str"):
+        aec.process("k", lambda _: aec.handle_request(count, 3))
+    aec.drain()
+    backend._aec = "not a controller"
+    with pytest.raises(TypeError, match="AsyncExecutionController"):
+        count.async_value()
+    backend._aec = aec
+    from cowmap.asyncstate import RecordContext
+
+    with pytest.raises(TypeError, match="AsyncExecutionController"):
+        RecordContext("nope", None, "k", 0, None)
+
+
+def test_handle_request_with_an_op_name_equal_to_a_known_one_groups_with_it() -> None:
+    backend, count, aec = make(batch_size=1000)
+    op = "".join(["val", "ue"])  # equal to "value", another object
+    got: list[Any] = []
+    aec.process("a", lambda _: aec.handle_request(count, op).then_accept(got.append))
+    aec.process("b", lambda _: count.async_value().then_accept(got.append))
+    aec.drain()
+    assert got == [0, 0] and aec.core_calls == 1
+
+
+def test_a_batch_method_returning_the_wrong_number_of_results_is_an_error() -> None:
+    backend = KeyedStateBackend(max_parallelism=16)
+
+    from cowmap.state.value_state import ValueState
+
+    class Short(ValueState):
+        __slots__ = ()
+
+        def _batch_value(self, reqs: list[Any]) -> list[Any]:
+            return [0] * (len(reqs) - 1)
+
+    s = Short(backend.get_state(ValueStateDescriptor("v"))._t)
+    aec = AsyncExecutionController(backend, buffer_timeout_ms=0)
+    aec.process("a", lambda _: s.async_value())
+    aec.process("b", lambda _: s.async_value())
+    with pytest.raises(RuntimeError, match="returned 1 results for 2 requests"):
+        aec.trigger()
+
+
+def test_reference_counts_of_values_and_functions_stay_flat() -> None:
+    import gc
+    import sys
+
+    backend, count, aec = make(batch_size=64)
+    val = object()
+    store = backend.get_state(ValueStateDescriptor("obj"))
+
+    def fn(_: Any) -> None:
+        store.async_update(val).then_compose(lambda _: store.async_value()).then_accept(lambda v: None)
+        count.async_value().then_compose(lambda n: count.async_update(n + 1))
+
+    def run() -> None:
+        for i in range(500):
+            aec.process(i, fn)
+        aec.drain()
+
+    run()
+    gc.collect()
+    before = (sys.getrefcount(val), sys.getrefcount(fn), sys.getrefcount(store), sys.getrefcount(aec))
+    for _ in range(3):
+        run()
+    gc.collect()
+    after = (sys.getrefcount(val), sys.getrefcount(fn), sys.getrefcount(store), sys.getrefcount(aec))
+    assert after == before
+    assert_quiet(aec)
+
+
+def test_batch_helpers_and_run_group_reject_bad_requests() -> None:
+    from cowmap.asyncstate import StateFuture
+    from cowmap._async import map_contexts, positions, replace_all, request_args, request_columns
+
+    backend, count, aec = make(batch_size=100)
+    reqs: list[Any] = []
+    aec.process("k", lambda _: reqs.append(count.async_update(5)))
+    assert request_args(reqs, 0) == [5]
+    assert request_columns(reqs) == ([reqs[0]._ctx.key_group], ["k"], [count.get_current_namespace()])
+    with pytest.raises(TypeError, match="expected a request"):
+        request_columns([object()])
+    with pytest.raises(ValueError, match="not a request"):
+        request_columns([StateFuture()])
+    with pytest.raises(ValueError, match="no argument 1"):
+        request_args(reqs, 1)
+    with pytest.raises(ValueError, match="same length"):
+        map_contexts([1, 2], [None], None, None)
+    assert positions([None, 1, None], None) == [0, 2]
+    assert replace_all([None, 1], None, 0) == [0, 1]
+    with pytest.raises(TypeError, match="non-empty list"):
+        aec._run_group([])
+    with pytest.raises(TypeError, match="expected a request"):
+        aec._run_group([object()])
+    with pytest.raises(ValueError, match="not a request"):
+        aec._run_group([StateFuture()])
+    aec.drain()
+    assert reqs[0].get() is None
+    assert_quiet(aec)
+
+
+def test_state_attributes_read_by_the_twins_follow_class_changes() -> None:
+    """The twins read state._b and state._ns through a per-type cache of the slot
+    offsets; it must give what getattr gives when a class changes or overrides them."""
+    from cowmap.state.value_state import ValueState
+
+    backend, count, aec = make(batch_size=100)
+
+    class V(ValueState):
+        __slots__ = ()
+
+    v = V(count._t)
+    reqs: list[Any] = []
+    aec.process("k", lambda _: reqs.append(v.async_value()))
+    assert reqs[-1]._ns is count.get_current_namespace()  # cached now
+    V._ns = property(lambda self: "ns-from-property")  # type: ignore[assignment]
+    aec.process("k", lambda _: reqs.append(v.async_update(1)))
+    assert reqs[-1]._ns == "ns-from-property"
+    del V._ns
+    aec.process("k", lambda _: reqs.append(v.async_update(2)))
+    assert reqs[-1]._ns is count.get_current_namespace()
+
+    class W(ValueState):
+        __slots__ = ()
+
+    w = W(count._t)
+    aec.process("k", lambda _: w.async_value())  # cached for W
+
+    def no_backend(self: Any) -> Any:
+        raise LookupError("no backend here")
+
+    W._b = property(no_backend)  # type: ignore[assignment]
+    with pytest.raises(LookupError, match="no backend here"):
+        aec.process("k", lambda _: w.async_value())
+    aec.drain()
+    backend.set_current_key("k")
+    assert count.value() == 2
+    empty = ValueState.__new__(ValueState)  # slots never set
+    with pytest.raises(AttributeError):
+        aec.process("j", lambda _: empty.async_value())
+    aec.drain()

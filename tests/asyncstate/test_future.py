@@ -229,3 +229,78 @@ def test_many_threads_post_without_losing_mails() -> None:
         t.join()
     mb.run_available()
     assert count[0] == 8000
+
+
+# --------------------------------------------------------------------------- compiled steps
+
+
+def test_a_failed_source_skips_every_step_kind() -> None:
+    f: StateFuture[int] = StateFuture()
+    calls: list[str] = []
+    derived = [
+        f.then_apply(lambda x: calls.append("apply")),
+        f.then_accept(lambda x: calls.append("accept")),
+        f.then_compose(lambda x: calls.append("compose")),
+        f.then_combine(done(1), lambda x, y: calls.append("combine")),
+        f.then_conditionally_apply(lambda x: calls.append("cond") or True, lambda x: None),
+        f.then_conditionally_accept(lambda x: calls.append("cond") or True, lambda x: None),
+        f.then_conditionally_compose(lambda x: calls.append("cond") or True, lambda x: done(1)),
+        StateFutureUtils.to_iterable(f),
+    ]
+    f.complete_exceptionally(KeyError("boom"))
+    assert calls == []
+    for d in derived:
+        with pytest.raises(KeyError, match="boom"):
+            d.get()
+
+
+def test_then_combine_waits_for_a_failing_other() -> None:
+    a: StateFuture[int] = StateFuture()
+    b: StateFuture[int] = StateFuture()
+    c = a.then_combine(b, lambda x, y: x + y)
+    a.complete(1)
+    assert not c.is_done()
+    b.complete_exceptionally(ValueError("other"))
+    with pytest.raises(ValueError, match="other"):
+        c.get()
+
+
+def test_a_compose_function_returning_no_future_fails_the_chain() -> None:
+    ctx = Ctx()
+    f: StateFuture[int] = StateFuture(context=ctx)
+    g = f.then_compose(lambda x: x + 1)
+    with pytest.raises(TypeError, match="then_compose's function must return a StateFuture, not int"):
+        f.complete(1)
+    with pytest.raises(TypeError):
+        g.get()
+    assert ctx.refs == 0
+
+
+def test_a_raising_callback_releases_the_references_of_those_after_it() -> None:
+    ctx = Ctx()
+    f: StateFuture[int] = StateFuture(context=ctx)
+    seen: list[int] = []
+    f.then_accept(seen.append)
+    f.then_accept(lambda x: 1 // 0)
+    f.then_accept(seen.append)  # does not run: the one before it raised
+    assert ctx.refs == 7
+    with pytest.raises(ZeroDivisionError):
+        f.complete(5)
+    assert seen == [5]
+    assert ctx.refs == 1  # the derived future of the skipped callback is still pending
+
+
+def test_on_done_needs_a_callable() -> None:
+    with pytest.raises(TypeError, match="callable"):
+        StateFuture()._on_done(3)  # type: ignore[arg-type]
+
+
+def test_a_long_chain_of_derived_futures_completes_in_order() -> None:
+    ctx = Ctx()
+    src: StateFuture[int] = StateFuture(context=ctx)
+    f: StateFuture[Any] = src
+    for i in range(200):
+        f = f.then_apply(lambda x, i=i: x + i) if i % 2 else f.then_compose(lambda x: done(x * 1))
+    src.complete(0)
+    assert f.get() == sum(i for i in range(200) if i % 2)
+    assert ctx.refs == 0

@@ -339,3 +339,65 @@ def test_batch_non_sequence_arguments() -> None:
     with pytest.raises(TypeError):
         m.put_many([1], 0, 5)  # type: ignore[arg-type]
     assert len(m) == 0
+
+
+# --------------------------------------------------------------------------- multi-map calls
+
+
+class _CountingKey:
+    """A key whose hash counts its calls (the core's prefetch hints must not call it)."""
+
+    calls = 0
+
+    def __init__(self, v: int) -> None:
+        self.v = v
+
+    def __hash__(self) -> int:
+        _CountingKey.calls += 1
+        return hash(self.v)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _CountingKey) and other.v == self.v
+
+
+@pytest.mark.parametrize("kind", ["int", "str", "custom", "mixed"])
+def test_multi_map_calls_match_single_calls_and_hash_user_keys_once(kind: str) -> None:
+    from cowmap._core import multi_get, multi_put, multi_replace
+
+    rnd = random.Random(len(kind))
+    maps: list = [CopyOnWriteStateMap() for _ in range(8)] + [None]
+
+    def key(i: int) -> object:
+        k = kind if kind != "mixed" else ("int", "str", "custom")[i % 3]
+        return i if k == "int" else f"k{i}" if k == "str" else _CountingKey(i)
+
+    n = 300
+    keys = [key(rnd.randrange(100)) for _ in range(n)]
+    kgs = [rnd.randrange(8) for _ in range(n)]
+    nss = [rnd.choice(["a", 7, _CountingKey(-1)]) for _ in range(n)]
+    ref = [dict() for _ in range(8)]
+    multi_put(maps, kgs, keys, nss, list(range(n)))
+    for i in range(n):
+        ref[kgs[i]][(keys[i], nss[i])] = i
+    hashed = sum(isinstance(k, _CountingKey) for k in keys) + sum(isinstance(s, _CountingKey) for s in nss)
+    _CountingKey.calls = 0
+    got = multi_get(maps, kgs, keys, nss)
+    assert _CountingKey.calls == hashed  # once per user-hashed key or namespace: no extra calls
+    assert got == [ref[kgs[i]][(keys[i], nss[i])] for i in range(n)]
+    _CountingKey.calls = 0
+    assert multi_replace(maps, kgs, keys, nss, [-1] * n) == [True] * n
+    assert _CountingKey.calls == hashed
+    # a missing map reads as absent (the hints skip it too)
+    assert multi_get(maps, [8] * 3, keys[:3], nss[:3]) == [None] * 3
+
+
+def test_multi_map_calls_with_bad_key_groups_still_fail_cleanly() -> None:
+    from cowmap._core import multi_get
+
+    maps: list = [CopyOnWriteStateMap() for _ in range(2)]
+    with pytest.raises(IndexError):
+        multi_get(maps, [0] * 40 + [5], list(range(41)), ["n"] * 41)
+    with pytest.raises(TypeError):
+        multi_get(maps, [0] * 40 + ["x"], list(range(41)), ["n"] * 41)
+    with pytest.raises(TypeError):
+        multi_get([object()] * 41, [0] * 41, list(range(41)), ["n"] * 41)

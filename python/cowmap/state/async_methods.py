@@ -4,25 +4,23 @@ Each queues a request with the backend's ``AsyncExecutionController`` (made
 with the backend) for the record being processed, and returns a
 ``StateFuture``; the request runs the synchronous method, with its TTL
 semantics, when the controller runs its batch.
+
+The twins are compiled functions (``src/cowmap/_async.pyx``) bound here as
+methods: a request is one C call from the user's code to the controller.
+Those completing with a ``StateIterator`` wrap the compiled request here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from cowmap import _async
+from cowmap._async import request as _request
 
 if TYPE_CHECKING:
     from cowmap.asyncstate.future import StateFuture
 
 __all__ = ["AsyncListMethods", "AsyncMapMethods", "AsyncMergingMethods", "AsyncValueMethods"]
-
-
-def _request(state: Any, op: str, *args: Any) -> StateFuture[Any]:
-    aec = state._b._aec
-    if aec is None:
-        raise RuntimeError(
-            f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"
-        )
-    return aec.handle_request(state, op, *args)
 
 
 def _iterator(items: Any) -> Any:
@@ -34,14 +32,9 @@ def _iterator(items: Any) -> Any:
 class AsyncValueMethods:
     __slots__ = ()
 
-    def async_value(self) -> StateFuture[Any]:
-        return _request(self, "value")
-
-    def async_update(self, value: Any) -> StateFuture[None]:
-        return _request(self, "update", value)
-
-    def async_clear(self) -> StateFuture[None]:
-        return _request(self, "clear")
+    async_value = _async.async_value
+    async_update = _async.async_update
+    async_clear = _async.async_clear
 
 
 class AsyncListMethods:
@@ -51,36 +44,20 @@ class AsyncListMethods:
         """A future of a ``StateIterator`` over the elements."""
         return _request(self, "get").then_apply(_iterator)
 
-    def async_add(self, value: Any) -> StateFuture[None]:
-        return _request(self, "add", value)
-
-    def async_add_all(self, values: Iterable[Any]) -> StateFuture[None]:
-        return _request(self, "add_all", list(values) if values is not None else None)
-
-    def async_update(self, values: Iterable[Any]) -> StateFuture[None]:
-        return _request(self, "update", list(values) if values is not None else None)
-
-    def async_clear(self) -> StateFuture[None]:
-        return _request(self, "clear")
+    async_add = _async.async_add
+    async_add_all = _async.async_list_add_all
+    async_update = _async.async_list_update
+    async_clear = _async.async_clear
 
 
 class AsyncMapMethods:
     __slots__ = ()
 
-    def async_get(self, key: Any) -> StateFuture[Any]:
-        return _request(self, "get", key)
-
-    def async_put(self, key: Any, value: Any) -> StateFuture[None]:
-        return _request(self, "put", key, value)
-
-    def async_put_all(self, entries: Mapping[Any, Any]) -> StateFuture[None]:
-        return _request(self, "put_all", dict(entries) if entries is not None else None)
-
-    def async_remove(self, key: Any) -> StateFuture[None]:
-        return _request(self, "remove", key)
-
-    def async_contains(self, key: Any) -> StateFuture[bool]:
-        return _request(self, "contains", key)
+    async_get = _async.async_map_get
+    async_put = _async.async_map_put
+    async_put_all = _async.async_map_put_all
+    async_remove = _async.async_map_remove
+    async_contains = _async.async_map_contains
 
     def async_entries(self) -> StateFuture[Any]:
         """A future of a ``StateIterator`` over ``(user_key, value)`` pairs."""
@@ -92,21 +69,13 @@ class AsyncMapMethods:
     def async_values(self) -> StateFuture[Any]:
         return _request(self, "values").then_apply(_iterator)
 
-    def async_is_empty(self) -> StateFuture[bool]:
-        return _request(self, "is_empty")
-
-    def async_clear(self) -> StateFuture[None]:
-        return _request(self, "clear")
+    async_is_empty = _async.async_map_is_empty
+    async_clear = _async.async_clear
 
 
 class AsyncMergingMethods:
     __slots__ = ()
 
-    def async_get(self) -> StateFuture[Any]:
-        return _request(self, "get")
-
-    def async_add(self, value: Any) -> StateFuture[None]:
-        return _request(self, "add", value)
-
-    def async_clear(self) -> StateFuture[None]:
-        return _request(self, "clear")
+    async_get = _async.async_get_value
+    async_add = _async.async_add
+    async_clear = _async.async_clear

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
+from cowmap._async import map_contexts, positions, replace_all, request_args, request_columns
 from cowmap._core import EXPIRED, NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, multi_get, multi_replace
 from cowmap.state.async_methods import AsyncMapMethods
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
@@ -348,40 +349,38 @@ class MapState(AsyncMapMethods, State):
 
     def _batch_get(self, reqs: list[Any]) -> list[Any]:
         t = self._t
-        kgs = [r.ctx.key_group for r in reqs]
-        ukeys = [r.args[0] for r in reqs]
-        ctxs = [make_ctx(r.ctx.key, r.ns) for r in reqs]
+        kgs, keys, nss = request_columns(reqs)
+        ukeys = request_args(reqs, 0)
+        ctxs = map_contexts(keys, nss, VOID_NAMESPACE, _NS)
         if t.cleanup_size:
             t.tick(len(reqs))
         if not t.ttl:
             out = multi_get(t.maps, kgs, ukeys, ctxs)
         else:
             out = multi_get(t.maps, kgs, ukeys, ctxs, self._b._time(), t.ttl, t.update_on_read)
-            for i, v in enumerate(out):
-                if v is EXPIRED:
-                    v = t.maps[kgs[i]].remove_and_get_old(ukeys[i], ctxs[i])  # type: ignore[union-attr]
-                    t.unlink(kgs[i], ctxs[i], ukeys[i])  # type: ignore[attr-defined]
-                    out[i] = v if t.return_expired else None
-        return [None if v is _NONE else v for v in out]
+            for i in positions(out, EXPIRED):
+                v = t.maps[kgs[i]].remove_and_get_old(ukeys[i], ctxs[i])  # type: ignore[union-attr]
+                t.unlink(kgs[i], ctxs[i], ukeys[i])  # type: ignore[attr-defined]
+                out[i] = v if t.return_expired else None
+        return replace_all(out, _NONE, None)  # type: ignore[no-any-return]
 
     def _batch_put(self, reqs: list[Any]) -> list[Any] | None:
-        ukeys = [r.args[0] for r in reqs]
-        if any(u is None for u in ukeys):
+        ukeys = request_args(reqs, 0)
+        if positions(ukeys, None):
             return None  # let the requests fail one by one
         t = self._t
-        kgs = [r.ctx.key_group for r in reqs]
+        kgs, keys, nss = request_columns(reqs)
         for kg in set(kgs):
             if t.maps[kg] is None:
                 t.map_for_write(kg)
         if t.cleanup_size:
             t.tick(len(reqs))
-        ctxs = [make_ctx(r.ctx.key, r.ns) for r in reqs]
-        values = [_NONE if r.args[1] is None else r.args[1] for r in reqs]
+        ctxs = map_contexts(keys, nss, VOID_NAMESPACE, _NS)
+        values = request_args(reqs, 1)
         ts = self._b._time() if t.ttl else NO_TIMESTAMP
-        done = multi_replace(t.maps, kgs, ukeys, ctxs, values, ts)
-        for i, ok in enumerate(done):
-            if not ok:  # a new user key: insert and link it
-                t.insert(kgs[i], ctxs[i], ukeys[i], reqs[i].args[1], ts)  # type: ignore[attr-defined]
+        done = multi_replace(t.maps, kgs, ukeys, ctxs, replace_all(values.copy(), None, _NONE), ts)
+        for i in positions(done, False):  # new user keys: insert and link them
+            t.insert(kgs[i], ctxs[i], ukeys[i], values[i], ts)  # type: ignore[attr-defined]
         return [None] * len(reqs)
 
     __getitem__ = get

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cowmap._async import positions, replace_all, request_args, request_columns
 from cowmap._core import EXPIRED, NO_TIMESTAMP, multi_get, multi_put
 from cowmap.state.async_methods import AsyncValueMethods
 from cowmap.state.table import State, StateTable
@@ -84,40 +85,34 @@ class ValueState(AsyncValueMethods, State):
 
     def _batch_value(self, reqs: list[Any]) -> list[Any]:
         t = self._t
-        b = self._b
-        kgs = [r.ctx.key_group for r in reqs]
-        keys = [r.ctx.key for r in reqs]
-        nss = [r.ns for r in reqs]
+        kgs, keys, nss = request_columns(reqs)
         if t.cleanup_size:
             t.tick(len(reqs))
         if not t.ttl:
             out = multi_get(t.maps, kgs, keys, nss)
         else:
-            out = multi_get(t.maps, kgs, keys, nss, b._time(), t.ttl, t.update_on_read)
-            for i, v in enumerate(out):
-                if v is EXPIRED:
-                    v = t.maps[kgs[i]].remove_and_get_old(keys[i], nss[i])  # type: ignore[union-attr]
-                    out[i] = v if t.return_expired else None
-        for i, v in enumerate(out):
-            if v is None:
+            out = multi_get(t.maps, kgs, keys, nss, self._b._time(), t.ttl, t.update_on_read)
+            for i in positions(out, EXPIRED):
+                v = t.maps[kgs[i]].remove_and_get_old(keys[i], nss[i])  # type: ignore[union-attr]
+                out[i] = v if t.return_expired else None
+        if self._fresh_default:
+            for i in positions(out, None):
                 out[i] = self._default_value()
-        return out
+            return out
+        return replace_all(out, None, self._default)  # type: ignore[no-any-return]
 
     def _batch_update(self, reqs: list[Any]) -> list[Any] | None:
-        values = [r.args[0] for r in reqs]
-        if any(v is None for v in values):
+        values = request_args(reqs, 0)
+        if positions(values, None):
             return None  # update(None) is clear(): let the requests run one by one
         t = self._t
-        kgs = [r.ctx.key_group for r in reqs]
+        kgs, keys, nss = request_columns(reqs)
         for kg in set(kgs):
             if t.maps[kg] is None:
                 t.map_for_write(kg)
         if t.cleanup_size:
             t.tick(len(reqs))
-        multi_put(
-            t.maps, kgs, [r.ctx.key for r in reqs], [r.ns for r in reqs], values,
-            self._b._time() if t.ttl else NO_TIMESTAMP,
-        )
+        multi_put(t.maps, kgs, keys, nss, values, self._b._time() if t.ttl else NO_TIMESTAMP)
         return [None] * len(reqs)
 
 
