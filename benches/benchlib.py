@@ -186,7 +186,7 @@ def _rows() -> list[Row]:
 
 def _async_rows() -> list[Row]:
     """Figures 12-14 (test_bench_async.py)."""
-    n = "1M records/100k keys" if FULL else "200k records/20k keys"
+    n = "1M records/100k keys"
     return [
         Row("12", f"async core calls per 1,000 records, {n}", "calls", "async.calls_per_1000",
             "async.sync_calls_per_1000", "sync path (2 per record)", "abs", 10.0),
