@@ -9,6 +9,10 @@ The Python API lives in ``cowmap.asyncstate`` (future.py, controller.py) and
 
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
+
+cdef extern from "Python.h":
+    int Py_EnterRecursiveCall(const char *where)  # nonzero: RecursionError set
+    void Py_LeaveRecursiveCall()
 from cpython.ref cimport PyObject
 
 cdef extern from *:
@@ -37,7 +41,10 @@ cdef extern from *:
             }
         } else if (t->tp_getattro == PyObject_GenericGetAttr) {
             PyObject *d = _PyType_Lookup(t, name);  /* borrowed; gives t a version tag */
+            /* only a member of t or a base: a descriptor copied from another
+               class has an offset that means nothing in t's instances */
             if (d != NULL && Py_TYPE(d) == &PyMemberDescr_Type
+                    && PyType_IsSubtype(t, ((PyDescrObject *)d)->d_type)
                     && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0) {
                 PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
                 if (m->type == T_OBJECT_EX && (m->flags & PY_AUDIT_READ) == 0) {
@@ -179,11 +186,17 @@ cdef class StateFuture:
     cdef readonly str _op
     cdef readonly tuple _args
     cdef readonly object _ns
+    cdef bint _inited
 
     def __class_getitem__(cls, item):
         return cls
 
     def __init__(self, mailbox=None, context=None):
+        # the controller's futures are requests it still holds: re-running
+        # __init__ on one would drop its record context from under it
+        if self._inited:
+            raise RuntimeError("StateFuture.__init__ called on an initialised future")
+        self._inited = True
         self._result = _PENDING
         self._exc = None
         self._done = False
@@ -462,8 +475,18 @@ cdef class StateFuture:
 
 cdef inline int _run_callback(cb, StateFuture src) except -1:
     """Run a callback of ``src``, which has just completed."""
+    cdef int r
     if type(cb) is StateFuture:
-        return (<StateFuture>cb)._step(src)
+        # a derived future's step completes it and runs its callbacks in turn:
+        # a long chain recurses in C, so count it against the interpreter's
+        # recursion limit (RecursionError, not a C stack overflow)
+        if Py_EnterRecursiveCall(" while completing a StateFuture chain"):
+            return -1
+        try:
+            r = (<StateFuture>cb)._step(src)
+        finally:
+            Py_LeaveRecursiveCall()
+        return r
     cb()
     return 0
 
@@ -471,6 +494,7 @@ cdef inline int _run_callback(cb, StateFuture src) except -1:
 cdef StateFuture _new_future(mailbox, ctx):
     """``StateFuture(mailbox, ctx)`` without the Python call."""
     cdef StateFuture f = StateFuture.__new__(StateFuture)
+    f._inited = True
     f._result = _PENDING
     f._mailbox = mailbox
     f._ctx = ctx
@@ -792,10 +816,10 @@ cdef class AsyncExecutionController:
             if q:  # the next record of this key takes it, with all its waiting requests
                 nxt = (<StateFuture>q[0])._ctx
                 for r in q:  # the first of the highest priority
-                    if (<RecordContext>(<StateFuture>r)._ctx).priority > (<RecordContext>nxt).priority:
+                    if (<RecordContext?>(<StateFuture>r)._ctx).priority > (<RecordContext?>nxt).priority:
                         nxt = (<StateFuture>r)._ctx
                 self._holders[ctx.key] = nxt
-                (<RecordContext>nxt).holds_key = True
+                (<RecordContext?>nxt).holds_key = True
                 mine = [r for r in q if (<StateFuture>r)._ctx is nxt]
                 rest = [r for r in q if (<StateFuture>r)._ctx is not nxt]
                 if rest:
@@ -849,7 +873,7 @@ cdef class AsyncExecutionController:
         wave = self._wave_seq
         for item in batch:
             req = <StateFuture>item
-            ctx = <RecordContext>req._ctx
+            ctx = <RecordContext?>req._ctx
             # A key's requests in a batch all belong to one record (the record
             # holding the key: another can only take it once all of them are
             # done), so its context marks which states it used in this wave.

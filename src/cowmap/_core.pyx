@@ -596,7 +596,7 @@ cdef inline void _hints(list maps, list kgs, list keys, list namespaces, Py_ssiz
         _hint(maps, kgs, keys, namespaces, i + HINT_D, 2)
 
 
-def multi_get(list maps, list kgs, list keys, list namespaces, now=0, ttl=0, refresh=False):
+def multi_get(list maps not None, list kgs not None, list keys not None, list namespaces not None, now=0, ttl=0, refresh=False):
     """One call for many single-key reads spread over the maps of a state's key
     groups: item i reads ``(keys[i], namespaces[i])`` in ``maps[kgs[i]]``.
 
@@ -625,7 +625,7 @@ def multi_get(list maps, list kgs, list keys, list namespaces, now=0, ttl=0, ref
     return out
 
 
-def multi_put(list maps, list kgs, list keys, list namespaces, list states, ts=NO_TIMESTAMP):
+def multi_put(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
     """One call for many puts spread over the maps of a state's key groups: item i
     maps ``(keys[i], namespaces[i])`` to ``states[i]`` in ``maps[kgs[i]]`` (which
     must exist), all with timestamp ``ts``."""
@@ -640,7 +640,7 @@ def multi_put(list maps, list kgs, list keys, list namespaces, list states, ts=N
         cm_put(&cm.m, keys[i], namespaces[i], states[i], c_ts)
 
 
-def multi_replace(list maps, list kgs, list keys, list namespaces, list states, ts=NO_TIMESTAMP):
+def multi_replace(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
     """:meth:`CopyOnWriteStateMap.replace` for many items over a state's key-group
     maps in one call; a list of bools (False: absent, nothing added)."""
     cdef Py_ssize_t n = len(keys), i

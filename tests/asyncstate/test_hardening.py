@@ -1,0 +1,94 @@
+"""Misuse from Python must raise, never crash: re-initialised requests, foreign slot
+descriptors, chains deeper than the C stack, and None where the core's multi-map calls
+take lists."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cowmap._async import StateFuture, StateFutureUtils, async_value
+from cowmap._core import multi_get, multi_put, multi_replace
+from cowmap.asyncstate import AsyncExecutionController
+from cowmap.state import KeyedStateBackend, State, ValueStateDescriptor
+
+
+def _setup() -> tuple[KeyedStateBackend, AsyncExecutionController, Any]:
+    backend = KeyedStateBackend()
+    aec = AsyncExecutionController(backend, buffer_timeout_ms=0)
+    return backend, aec, backend.get_state(ValueStateDescriptor("v"))
+
+
+def test_init_runs_once_per_future() -> None:
+    f = StateFuture()
+    with pytest.raises(RuntimeError, match="initialised"):
+        f.__init__()
+    f.complete(1)
+    assert f.get() == 1
+
+
+@pytest.mark.parametrize("which", [0, 1])  # the active request, or one blocked behind it
+def test_a_queued_request_cannot_be_reinitialised(which: int) -> None:
+    backend, aec, st = _setup()
+    held: list[Any] = []
+    for _ in range(3):
+        aec.process("k", lambda _: held.append(st.async_value()))
+    with pytest.raises(RuntimeError, match="initialised"):
+        held[which].__init__()
+    aec.drain()
+    assert [f.get() for f in held] == [None, None, None]
+    assert aec.in_flight_records == 0
+
+
+def test_slot_descriptor_copied_from_another_class_is_not_trusted() -> None:
+    class Fake:
+        __slots__ = ()
+        _b = State._b  # State's member descriptor on an unrelated, smaller type
+
+    fakes = [Fake() for _ in range(100)]
+    for _ in range(3):  # the first call would have cached the foreign offset
+        with pytest.raises(TypeError, match="doesn't apply"):
+            async_value(fakes[50])
+
+
+@pytest.mark.parametrize("mode", ["apply", "compose"])
+def test_a_chain_deeper_than_the_recursion_limit_raises(mode: str) -> None:
+    n = 30_000
+    if mode == "apply":
+        src = StateFuture()
+        f = src
+        for _ in range(n):
+            f = f.then_apply(lambda v: v + 1)
+        with pytest.raises(RecursionError):
+            src.complete(0)
+    else:
+        futs = [StateFuture() for _ in range(n)]
+        outer: list[Any] = [None] * n
+        for i in range(n):
+            # level i forwards level i + 1's future; the last completes them all, in one C recursion
+            outer[i] = futs[i].then_compose(
+                lambda v, i=i: outer[i + 1] if i + 1 < n else StateFutureUtils.completed_future(v))
+        with pytest.raises(RecursionError):
+            for fut in futs:
+                fut.complete(0)
+
+
+def test_a_chain_within_the_recursion_limit_completes() -> None:
+    src = StateFuture()
+    f = src
+    for _ in range(200):
+        f = f.then_apply(lambda v: v + 1)
+    src.complete(0)
+    assert f.get() == 200
+
+
+@pytest.mark.parametrize("call", [
+    lambda maps, lst: multi_get(maps, lst, lst, lst),
+    lambda maps, lst: multi_put(maps, lst, lst, lst, lst),
+    lambda maps, lst: multi_replace(maps, lst, lst, lst, lst),
+    lambda maps, lst: multi_put([], lst, lst, lst, maps),
+])
+def test_multi_map_calls_reject_none(call: Any) -> None:
+    with pytest.raises(TypeError):
+        call(None, [])
