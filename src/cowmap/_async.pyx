@@ -84,7 +84,10 @@ cdef inline int _release(object ctx) except -1:
 cdef int _release_record(RecordContext rc) except -1:
     rc.refs -= 1
     if rc.refs == 0:
-        if rc._aec is not None:
+        # a record is disposed once: a context already disposed is not counted
+        # again (see _new_future), and if it is, reaching 0 again does nothing
+        if rc._aec is not None and not rc._disposed:
+            rc._disposed = True
             (<AsyncExecutionController>rc._aec)._dispose(rc)
     elif rc.refs < 0:
         raise RuntimeError("record context released more often than retained")
@@ -103,6 +106,9 @@ cdef class RecordContext:
     cdef public Py_ssize_t refs
     cdef public bint holds_key
     cdef readonly AsyncExecutionController _aec
+    # set when the record is finished (its count reached 0 and the controller
+    # disposed it): it is never referenced or disposed again
+    cdef readonly bint _disposed
     # the wave of a batch this record last had a request in (see
     # AsyncExecutionController._run_wave): the first state it used in that
     # wave (identity only, not a reference) and the others, if any
@@ -120,6 +126,7 @@ cdef class RecordContext:
         self.priority = priority
         self.refs = 0
         self.holds_key = False
+        self._disposed = False
         self._aec = aec
 
     def retain(self):
@@ -473,8 +480,13 @@ cdef StateFuture _new_future(mailbox, ctx):
     cdef StateFuture f = StateFuture.__new__(StateFuture)
     f._result = _PENDING
     f._mailbox = mailbox
-    f._ctx = ctx
     if ctx is not None:
+        if type(ctx) is RecordContext and (<RecordContext>ctx)._disposed:
+            # derived from a future of a finished record (a then_* or
+            # combine_all after it completed): nothing of the record is left
+            # to hold, so the new future is not counted against it
+            return f
+        f._ctx = ctx
         _retain(ctx)
     return f
 

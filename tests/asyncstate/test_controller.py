@@ -598,3 +598,28 @@ def test_state_attributes_read_by_the_twins_follow_class_changes() -> None:
     with pytest.raises(AttributeError):
         aec.process("j", lambda _: empty.async_value())
     aec.drain()
+
+
+def test_chaining_on_a_future_of_a_finished_record_does_not_dispose_it_again() -> None:
+    from cowmap.asyncstate import StateFutureUtils
+
+    backend, count, aec = make()
+    held: list = []
+    aec.process("a", lambda _: held.append(count.async_value()))
+    aec.drain()
+    assert_quiet(aec)
+    # later chains on the finished record's future run inline and leave the count alone
+    assert held[0].then_apply(lambda v: v + 1).get() == 1
+    assert StateFutureUtils.combine_all([held[0], held[0]]).get() == [0, 0]
+    assert held[0].then_compose(lambda v: held[0]).get() == 0
+    assert aec.in_flight_records == 0
+    # an epoch's final action still waits for its records
+    pending: list = []
+    aec.process("b", lambda _: pending.append(count.async_value()))
+    ran: list = []
+    aec.process_non_record(None, lambda: ran.append(1), mode=EpochMode.PARALLEL_BETWEEN_EPOCH)
+    held[0].then_accept(lambda v: None)
+    assert ran == [] and aec.in_flight_records == 1 and not pending[0].is_done()
+    aec.drain(timeout=5)
+    assert ran == [1]
+    assert_quiet(aec)
