@@ -647,6 +647,11 @@ cdef class AsyncExecutionController:
     cdef Py_ssize_t _buffer_seq
     cdef Py_ssize_t _wave_seq
     cdef unsigned long _task_thread
+    # the first exception a user callback raised in the batch being run (it is
+    # raised once the whole batch ran) and the first the controller ever saw
+    # come out of a batch or a mail (drain raises it rather than wait for ever)
+    cdef object _batch_error
+    cdef object _failure
 
 
     def __init__(self, backend, batch_size=1000, buffer_timeout_ms=1000, max_in_flight_records=6000, epoch_mode=EpochMode.SERIAL_BETWEEN_EPOCH, mailbox=None):
@@ -830,6 +835,14 @@ cdef class AsyncExecutionController:
         A batch runs in waves so each (state, key) sees its requests in order;
         within a wave the requests of one state and type go to the state in one
         vectorised call where it has one (``_batch_<op>``), else one by one.
+
+        An exception raised by a callback (user code run as a request completes)
+        does not abandon the batch: every request of the batch still runs and
+        completes (the futures of the failing chain fail with the exception),
+        then the first such exception is raised here, on the task thread. As in
+        Flink, that fails the task: the controller keeps it, and if records can
+        then never finish (a callback that raised skipped the other callbacks
+        of its future), :meth:`drain` raises instead of waiting for ever.
         """
         cdef list batch
         cdef Py_ssize_t n
@@ -842,8 +855,15 @@ cdef class AsyncExecutionController:
         self.batches_run += 1
         n = len(batch)
         self.requests_run += n
+        self._batch_error = None
         while batch:
             batch = self._run_wave(batch)
+        exc = self._batch_error
+        if exc is not None:
+            self._batch_error = None
+            if self._failure is None:
+                self._failure = exc
+            raise exc
         return n
 
     cdef list _run_wave(self, list batch):
@@ -890,52 +910,86 @@ cdef class AsyncExecutionController:
                         index[(id(req._state), req._op)] = group
             group.append(req)
         for g in groups:
-            self._run_group(g)
+            try:
+                self._run_group(g)
+            except BaseException as exc:  # the other groups still run (see trigger)
+                if self._batch_error is None:
+                    self._batch_error = exc
         return rest
 
     def _run_group(self, reqs):
-        """Run one group of a wave: requests of one state and op, at most one per key."""
+        """Run one group of a wave: requests of one state and op, at most one per key.
+
+        Every request of the group completes even if a callback raises; the
+        first exception is raised after the last one (see trigger)."""
         cdef StateFuture first, req
         cdef Py_ssize_t i, n
+        cdef object error = None
         if type(reqs) is not list or not reqs:
             raise TypeError("_run_group needs a non-empty list of requests")
-        first = _as_request((<list>reqs)[0])
+        n = len(<list>reqs)
+        for i in range(n):
+            _as_request((<list>reqs)[i])
+        first = <StateFuture>(<list>reqs)[0]
         state = first._state
-        vector = getattr(state, _batch_name(first._op), None)
+        vector = getattr(state, _batch_name(first._op), None) if state is not None else None
         if vector is not None:
+            failed = None
             try:
                 results = vector(reqs)
-            except Exception as exc:  # the whole call failed: fail every request of it
-                self.core_calls += 1
-                for item in reqs:
-                    self._complete(_as_request(item), None, exc)
-                return
+            except Exception as exc:
+                failed = exc
+                results = None
             if results is not None:
-                self.core_calls += 1
                 if type(results) is not list:
                     results = list(results)
-                n = len(<list>reqs)
-                if len(<list>results) != n:
-                    raise RuntimeError(
+                if len(<list>results) != n:  # a broken batch method: it fails the task too
+                    failed = error = RuntimeError(
                         f"{type(state).__name__}.{_batch_name(first._op)} returned {len(<list>results)} results "
                         f"for {n} requests"
                     )
+            if failed is not None:  # the whole call failed: fail every request of it
+                self.core_calls += 1
                 for i in range(n):
-                    self._complete(_as_request((<list>reqs)[i]), (<list>results)[i], None)
+                    try:
+                        self._complete(<StateFuture>(<list>reqs)[i], None, failed)
+                    except BaseException as e:
+                        if error is None:
+                            error = e
+                if error is not None:
+                    raise error
+                return
+            if results is not None:
+                self.core_calls += 1
+                for i in range(n):
+                    try:
+                        self._complete(<StateFuture>(<list>reqs)[i], (<list>results)[i], None)
+                    except BaseException as e:
+                        if error is None:
+                            error = e
+                if error is not None:
+                    raise error
                 return
         backend = self.backend
-        for item in reqs:
-            req = _as_request(item)
-            backend.set_current_key((<RecordContext>req._ctx).key)
-            if state._ns is not req._ns:
-                state.set_current_namespace(req._ns)
+        for i in range(n):
+            req = <StateFuture>(<list>reqs)[i]
             self.core_calls += 1
+            failed = None
             try:
+                backend.set_current_key((<RecordContext>req._ctx).key)
+                if state._ns is not req._ns:
+                    state.set_current_namespace(req._ns)
                 value = getattr(state, req._op)(*req._args)
             except Exception as exc:  # a failing request fails its future (and its chain)
-                self._complete(req, None, exc)
-            else:
-                self._complete(req, value, None)
+                value = None
+                failed = exc
+            try:
+                self._complete(req, value, failed)
+            except BaseException as e:
+                if error is None:
+                    error = e
+        if error is not None:
+            raise error
 
     cdef int _complete(self, StateFuture req, value, exc) except -1:
         """Complete a request's future with its record current, so the callbacks'
@@ -970,10 +1024,26 @@ cdef class AsyncExecutionController:
         return self.mailbox.run_available() > 0
 
     def drain(self, timeout=None):
-        """Run batches and mails until no record is in flight (before a snapshot)."""
+        """Run batches and mails until no record is in flight (before a snapshot).
+
+        An exception from a batch or a mail propagates (see :meth:`trigger`). Once
+        one has, records its failing chain left unfinished never finish: when
+        nothing else can run, drain raises a RuntimeError from that first failure
+        rather than wait for ever (the task has failed, as in Flink)."""
         self._check_thread()
         while self._in_flight:
-            if not self._make_progress():
+            try:
+                progressed = self._make_progress()
+            except BaseException as exc:
+                if self._failure is None:
+                    self._failure = exc
+                raise
+            if not progressed:
+                if self._failure is not None:
+                    raise RuntimeError(
+                        f"{self._in_flight} records can never finish: a callback failed earlier "
+                        f"({self._failure!r})"
+                    ) from self._failure
                 if not self.mailbox.run_until(lambda: len(self.mailbox) > 0 or not self._in_flight, timeout):
                     raise TimeoutError(f"{self._in_flight} records still in flight after {timeout} s")
 

@@ -623,3 +623,43 @@ def test_chaining_on_a_future_of_a_finished_record_does_not_dispose_it_again() -
     aec.drain(timeout=5)
     assert ran == [1]
     assert_quiet(aec)
+
+
+def test_a_raising_callback_does_not_abandon_the_rest_of_the_batch() -> None:
+    backend, count, aec = make(batch_size=100)
+    futures: list = []
+
+    def boom(_: Any) -> None:
+        raise ValueError("user callback failed")
+
+    for k in range(5):
+        aec.process(k, lambda _, k=k: futures.append(count.async_value().then_apply(boom if k == 0 else (lambda v: v))))
+    aec.process(1, lambda _: futures.append(count.async_update(7)))  # a second record of key 1
+    aec.process(9, lambda _: (count.async_update(3), futures.append(count.async_value())))  # two waves
+    with pytest.raises(ValueError, match="user callback failed"):
+        aec.trigger()  # the first exception surfaces once the whole batch ran
+    assert all(f.is_done() for f in futures[:5] + futures[6:])
+    with pytest.raises(ValueError):
+        futures[0].get()
+    assert futures[6].get() == 3
+    aec.drain(timeout=5)  # the rest (key 1's second record) still runs
+    assert all(f.is_done() for f in futures)
+    assert_quiet(aec)
+    backend.set_current_key(1)
+    assert count.value() == 7
+
+
+def test_drain_raises_instead_of_hanging_when_a_failed_callback_left_a_record_unfinished() -> None:
+    backend, count, aec = make()
+
+    def rec(_: Any) -> None:
+        f = count.async_value()
+        f.then_accept(lambda v: 1 // 0)
+        f.then_accept(lambda v: None)  # skipped: the callback before it raised
+
+    aec.process("k", rec)
+    with pytest.raises(ZeroDivisionError):
+        aec.drain(timeout=5)
+    with pytest.raises(RuntimeError, match="never finish") as info:
+        aec.drain(timeout=1)  # (without the stored failure: waits, then TimeoutError)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
