@@ -725,6 +725,9 @@ cdef class AsyncExecutionController:
         """
         cdef RecordContext ctx, previous
         self._check_thread()
+        if type(priority) is not int and not isinstance(priority, int):
+            # compared when a busy key is handed over (_dispose): too late to fail there
+            raise TypeError(f"priority must be an int, not {type(priority).__name__}")
         while self._in_flight >= self.max_in_flight_records:
             if not self._make_progress():
                 raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")

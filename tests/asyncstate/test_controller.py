@@ -663,3 +663,16 @@ def test_drain_raises_instead_of_hanging_when_a_failed_callback_left_a_record_un
     with pytest.raises(RuntimeError, match="never finish") as info:
         aec.drain(timeout=1)  # (without the stored failure: waits, then TimeoutError)
     assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("priority", [None, "high", 1.5])
+def test_a_priority_that_is_not_an_int_is_rejected(priority: Any) -> None:
+    backend, count, aec = make()
+    futures: list = []
+    aec.process("k", lambda _: futures.append(count.async_value()))
+    with pytest.raises(TypeError, match="priority must be an int"):
+        aec.process("k", lambda _: futures.append(count.async_value()), priority=priority)
+    aec.process("k", lambda _: futures.append(count.async_value()), priority=2)
+    aec.drain(timeout=5)
+    assert len(futures) == 2 and all(f.is_done() for f in futures)
+    assert_quiet(aec)
