@@ -996,9 +996,16 @@ cdef class AsyncExecutionController:
 
     cdef int _complete(self, StateFuture req, value, exc) except -1:
         """Complete a request's future with its record current, so the callbacks'
-        own async calls belong to that record."""
+        own async calls belong to that record, and (if it has callbacks) with the
+        record's key current on the backend, so they read and write its state
+        (as Flink switches the key with the record context)."""
+        cdef RecordContext ctx = <RecordContext?>req._ctx
+        if req._cb is not None:  # user code runs: only then is the key needed
+            backend = self.backend
+            if backend._key is not ctx.key:  # (an equal key: set_current_key is harmless)
+                backend.set_current_key(ctx.key)
         previous = self._current
-        self._current = <RecordContext?>req._ctx
+        self._current = ctx
         try:
             req._set(value, exc)  # on the task thread already
         finally:

@@ -676,3 +676,25 @@ def test_a_priority_that_is_not_an_int_is_rejected(priority: Any) -> None:
     aec.drain(timeout=5)
     assert len(futures) == 2 and all(f.is_done() for f in futures)
     assert_quiet(aec)
+
+
+def test_callbacks_run_with_their_record_s_key_current_on_the_backend() -> None:
+    backend, count, aec = make(batch_size=100)
+    for k in ("a", "b", "c"):
+        aec.process(k, lambda _, k=k: count.async_update(ord(k)))
+    aec.drain()
+    seen: list = []
+    # the vectorised path: each callback reads its own key's value synchronously
+    for k in ("a", "b", "c"):
+        aec.process(k, lambda _, k=k: count.async_value().then_accept(
+            lambda v, k=k: seen.append((k, backend.get_current_key(), v, count.value()))))
+    aec.drain()
+    assert sorted(seen) == [(k, k, ord(k), ord(k)) for k in ("a", "b", "c")]
+    # a sync point released when the key's earlier record finishes
+    seen.clear()
+    aec.process("a", lambda _: count.async_value())  # holds key a
+    aec.process("a", lambda _: aec.sync_point(lambda: seen.append((backend.get_current_key(), count.value()))))
+    aec.process("b", lambda _: None)  # the backend's current key is now b
+    aec.drain()
+    assert seen == [("a", ord("a"))]
+    assert_quiet(aec)
