@@ -110,8 +110,8 @@ cdef class RecordContext:
     # disposed it): it is never referenced or disposed again
     cdef readonly bint _disposed
     # the wave of a batch this record last had a request in (see
-    # AsyncExecutionController._run_wave): the first state it used in that
-    # wave (identity only, not a reference) and the others, if any
+    # AsyncExecutionController._run_wave): the first state table it used in
+    # that wave (identity only, not a reference) and the others, if any
     cdef Py_ssize_t _wave
     cdef void *_wave_state
     cdef list _wave_states
@@ -835,7 +835,7 @@ cdef class AsyncExecutionController:
     def trigger(self):
         """Run the active buffer as one batch now; returns how many requests ran.
 
-        A batch runs in waves so each (state, key) sees its requests in order;
+        A batch runs in waves so each (state table, key) sees its requests in order;
         within a wave the requests of one state and type go to the state in one
         vectorised call where it has one (``_batch_<op>``), else one by one.
 
@@ -870,7 +870,7 @@ cdef class AsyncExecutionController:
         return n
 
     cdef list _run_wave(self, list batch):
-        """Run the first request of each (state, key) in ``batch``, grouped by
+        """Run the first request of each (state table, key) in ``batch``, grouped by
         (state, op) in order of first appearance; the requests left over."""
         cdef list groups = []
         cdef list rest = []
@@ -887,12 +887,14 @@ cdef class AsyncExecutionController:
             ctx = <RecordContext>req._ctx
             # A key's requests in a batch all belong to one record (the record
             # holding the key: another can only take it once all of them are
-            # done), so its context marks which states it used in this wave.
+            # done), so its context marks which states it used in this wave --
+            # by table, not view: two views of one table are one state.
+            table = _table_of(req._state)
             if ctx._wave != wave:
                 ctx._wave = wave
-                ctx._wave_state = <void *>req._state
+                ctx._wave_state = <void *>table
                 ctx._wave_states = None
-            elif not _first_use_in_wave(ctx, req._state):
+            elif not _first_use_in_wave(ctx, table):
                 rest.append(req)
                 continue
             if group is None or not _same_group(<StateFuture>group[0], req):
@@ -1094,8 +1096,22 @@ cdef class AsyncExecutionController:
         return 0
 
 
+cdef cowmap_slot_cache _t_slot
+cdef str _T = "_t"
+
+
+cdef inline object _table_of(state):
+    """The table a state view is over (``state._t``; the state itself if it has none)."""
+    if state is None:
+        return None
+    try:
+        return cowmap_slot_get(state, _T, &_t_slot)
+    except AttributeError:
+        return state
+
+
 cdef bint _first_use_in_wave(RecordContext ctx, state) except -1:
-    """Whether ``state`` is new among the states ``ctx`` used in the current wave (and note it)."""
+    """Whether ``state`` (a table) is new among those ``ctx`` used in the current wave (and note it)."""
     if ctx._wave_state == <void *>state:
         return False
     if ctx._wave_states is None:

@@ -698,3 +698,23 @@ def test_callbacks_run_with_their_record_s_key_current_on_the_backend() -> None:
     aec.drain()
     assert seen == [("a", ord("a"))]
     assert_quiet(aec)
+
+
+def test_two_views_of_one_table_keep_a_record_s_order() -> None:
+    backend = KeyedStateBackend(max_parallelism=16)
+    s1 = backend.get_state(ValueStateDescriptor("v"))
+    s2 = backend.get_state(ValueStateDescriptor("v"))  # another view of the same table
+    assert s1._t is s2._t and s1 is not s2
+    aec = AsyncExecutionController(backend, buffer_timeout_ms=0)
+    out: dict = {}
+    aec.process("other", lambda _: s2.async_value())  # the (s2, value) group comes first
+
+    def rec(_: Any) -> None:
+        s1.async_update(42)
+        s2.async_value().then_accept(lambda v: out.setdefault("read", v))
+        s1.async_value().then_accept(lambda v: out.setdefault("read again", v))
+
+    aec.process("k", rec)
+    aec.drain()
+    assert out == {"read": 42, "read again": 42}
+    assert_quiet(aec)
