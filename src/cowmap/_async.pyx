@@ -316,6 +316,14 @@ cdef class StateFuture:
     cdef int _step(self, StateFuture src) except -1:
         """Run this derived future's step now that ``src`` (what it waits on) is complete."""
         cdef int kind = self._kind
+        if kind == K_FORWARD or kind == K_COND_FORWARD or kind == K_COMBINE_BOTH:
+            # waiting on a second future, which may have no mailbox (or another):
+            # completed off the task thread, it must not run this one's callbacks
+            # (the record's) there; the step runs as a mail, as _finish would
+            mb = self._mailbox
+            if mb is not None and src._mailbox is not mb and not mb.is_task_thread():
+                _post_step(mb, self, src)
+                return 0
         fn = self._fn
         if kind == K_FORWARD:
             self._kind = K_SOURCE
@@ -473,6 +481,19 @@ cdef inline int _run_callback(cb, StateFuture src) except -1:
         return (<StateFuture>cb)._step(src)
     cb()
     return 0
+
+
+def _post_step(mb, StateFuture f, StateFuture src):
+    """Run ``f``'s step on ``src`` as a mail on the task thread (see StateFuture._step)."""
+    mb.post(lambda: _resume_step(f, src))
+
+
+cdef int _resume_step(StateFuture f, StateFuture src) except -1:
+    """``f``'s step on the task thread, with its record current if it has one."""
+    ctx = f._ctx
+    if type(ctx) is RecordContext and (<RecordContext>ctx)._aec is not None:
+        return (<RecordContext>ctx)._aec._step_in_record(f, src)
+    return f._step(src)
 
 
 cdef StateFuture _new_future(mailbox, ctx):
@@ -1010,6 +1031,22 @@ cdef class AsyncExecutionController:
         self._current = ctx
         try:
             req._set(value, exc)  # on the task thread already
+        finally:
+            self._current = previous
+        return 0
+
+    cdef int _step_in_record(self, StateFuture f, StateFuture src) except -1:
+        """Run the step of ``f`` (a future of a record) on ``src`` as ``_complete``
+        completes a request: with the record current, and its key if callbacks run."""
+        cdef RecordContext ctx = <RecordContext>f._ctx
+        if f._cb is not None:
+            backend = self.backend
+            if backend._key is not ctx.key:
+                backend.set_current_key(ctx.key)
+        previous = self._current
+        self._current = ctx
+        try:
+            f._step(src)
         finally:
             self._current = previous
         return 0

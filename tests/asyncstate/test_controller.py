@@ -718,3 +718,28 @@ def test_two_views_of_one_table_keep_a_record_s_order() -> None:
     aec.drain()
     assert out == {"read": 42, "read again": 42}
     assert_quiet(aec)
+
+
+def test_a_record_composing_a_future_completed_on_another_thread_finishes_on_the_task_thread() -> None:
+    import threading
+
+    from cowmap.asyncstate import StateFuture
+
+    backend, count, aec = make()
+    ext = StateFuture()  # no mailbox
+    seen: list = []
+
+    def rec(_: Any) -> None:
+        count.async_value().then_compose(lambda v: ext).then_accept(
+            lambda v: seen.append((threading.get_ident(), backend.get_current_key(), aec.current_context.key)))
+
+    aec.process("k", rec)
+    aec.process("other", lambda _: count.async_value())
+    aec.trigger()  # the request ran; the chain waits on ext
+    t = threading.Thread(target=ext.complete, args=(1,))
+    t.start()
+    t.join()
+    assert seen == [] and aec.in_flight_records == 1  # nothing ran on the other thread
+    aec.drain(timeout=5)
+    assert seen == [(threading.get_ident(), "k", "k")]
+    assert_quiet(aec)
