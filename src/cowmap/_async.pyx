@@ -432,7 +432,7 @@ cdef class StateFuture:
     def then_combine(self, other, fn):
         """A future of ``fn(result, other's result)``, once both are complete."""
         cdef StateFuture out
-        _as_future(other, "other")
+        _is_future(other, "then_combine's other")
         _callable(fn, "fn")
         out = _new_future(self._mailbox, self._ctx)
         out._kind = K_COMBINE
@@ -518,6 +518,12 @@ cdef inline int _callable(fn, str what) except -1:
     return 0
 
 
+cdef inline StateFuture _is_future(f, str what):
+    if not isinstance(f, StateFuture):
+        raise TypeError(f"{what} must be a StateFuture, not {type(f).__name__}")
+    return <StateFuture>f
+
+
 cdef inline StateFuture _as_future(f, str what):
     if not isinstance(f, StateFuture):
         raise TypeError(f"{what} must return a StateFuture, not {type(f).__name__}")
@@ -550,7 +556,9 @@ class StateFutureUtils:
     def combine_all(futures):
         """A future of every result, in input order, once the last one completes."""
         cdef StateFuture out
-        fs = [_as_future(f, "combine_all's input") for f in futures]
+        if not hasattr(futures, "__iter__"):
+            raise TypeError(f"combine_all needs an iterable of StateFutures, not {type(futures).__name__}")
+        fs = [_is_future(f, "combine_all's input") for f in futures]
         if not fs:
             return StateFutureUtils.completed_future([])
         first = <StateFuture>fs[0]
@@ -570,7 +578,7 @@ class StateFutureUtils:
     @staticmethod
     def to_iterable(future):
         """A future of a list of what the iterable result of ``future`` yields."""
-        return _as_future(future, "to_iterable's input")._then(K_TO_LIST, None, None, None)
+        return _is_future(future, "to_iterable's input")._then(K_TO_LIST, None, None, None)
 
 
 
@@ -683,6 +691,8 @@ cdef class AsyncExecutionController:
             raise ValueError(f"buffer_timeout_ms must be >= 0, got {buffer_timeout_ms!r}")
         if not isinstance(epoch_mode, EpochMode):
             raise TypeError(f"epoch_mode must be an EpochMode, not {type(epoch_mode).__name__}")
+        if not callable(getattr(backend, "set_current_key", None)):
+            raise TypeError(f"backend must be a KeyedStateBackend, not {type(backend).__name__}")
         self.backend = backend
         self.batch_size = batch_size
         self.buffer_timeout_ms = buffer_timeout_ms
@@ -778,6 +788,8 @@ cdef class AsyncExecutionController:
         """Queue a request of the current record; a future of its result."""
         if type(op) is not str:
             raise TypeError(f"op must be a str (a state method's name), not {type(op).__name__}")
+        if state is None:  # (only sync points, queued by sync_point, have none)
+            raise TypeError(f"handle_request needs a state for op {op!r}, not None")
         return self._request(state, <str>_OPS.get(op, op), args)
 
     cdef StateFuture _request(self, state, str op, tuple args):
@@ -787,7 +799,15 @@ cdef class AsyncExecutionController:
         cdef StateFuture req
         if ctx is None:
             raise RuntimeError("async state calls must be made inside AsyncExecutionController.process")
-        ns = None if state is None else cowmap_slot_get(state, _NS, &_ns_slot)
+        if state is None:
+            ns = None
+        else:
+            try:
+                ns = cowmap_slot_get(state, _NS, &_ns_slot)
+            except AttributeError:
+                if hasattr(type(state), _NS):  # a state, with the slot unset
+                    raise
+                raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
         req = _new_future(self.mailbox, ctx)
         req._state = state
         req._op = op
@@ -804,6 +824,7 @@ cdef class AsyncExecutionController:
 
     def sync_point(self, callback):
         """Run ``callback`` once the current record holds its key (at once if it does)."""
+        _callable(callback, "sync_point's callback")
         return self._request(None, _SYNC, _NO_ARGS).then_accept(lambda _: callback())
 
     cdef bint _try_occupy(self, RecordContext ctx) except -1:
@@ -1173,7 +1194,13 @@ cdef str _NS = "_ns"
 
 
 cdef AsyncExecutionController _aec_of(state):
-    aec = cowmap_slot_get(state, _B, &_b_slot)._aec
+    try:
+        b = cowmap_slot_get(state, _B, &_b_slot)
+    except AttributeError:
+        if hasattr(type(state), _B):  # a state, with the slot unset
+            raise
+        raise TypeError(f"async state methods need a state, not {type(state).__name__}") from None
+    aec = b._aec
     if aec is None:
         raise RuntimeError(
             f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"

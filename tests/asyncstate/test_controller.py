@@ -743,3 +743,34 @@ def test_a_record_composing_a_future_completed_on_another_thread_finishes_on_the
     aec.drain(timeout=5)
     assert seen == [(threading.get_ident(), "k", "k")]
     assert_quiet(aec)
+
+
+def test_bad_requests_and_arguments_are_type_errors_naming_the_problem() -> None:
+    from cowmap import _async
+    from cowmap.asyncstate import StateFuture, StateFutureUtils
+
+    backend, count, aec = make()
+    with pytest.raises(TypeError, match="handle_request needs a state for op 'value', not None"):
+        aec.process(1, lambda _: aec.handle_request(None, "value"))
+    with pytest.raises(TypeError, match="async state requests need a state, not int"):
+        aec.process(1, lambda _: aec.handle_request(5, "value"))
+    with pytest.raises(TypeError, match="sync_point's callback must be callable, not int"):
+        aec.process(1, lambda _: aec.sync_point(5))
+    futures: list = []
+    aec.process(2, lambda _: futures.append(count.async_value()))
+    aec.drain(timeout=5)  # nothing was left behind by the rejected calls
+    assert futures[0].get() == 0
+    assert_quiet(aec)
+    with pytest.raises(TypeError, match="async state methods need a state, not int"):
+        _async.async_value(5)
+    with pytest.raises(TypeError, match="then_combine's other must be a StateFuture, not int"):
+        StateFuture().then_combine(5, lambda a, b: a)
+    with pytest.raises(TypeError, match="combine_all's input must be a StateFuture, not int"):
+        StateFutureUtils.combine_all([1])
+    with pytest.raises(TypeError, match="combine_all needs an iterable of StateFutures, not int"):
+        StateFutureUtils.combine_all(5)
+    with pytest.raises(TypeError, match="to_iterable's input must be a StateFuture, not int"):
+        StateFutureUtils.to_iterable(1)
+    with pytest.raises(TypeError, match="backend must be a KeyedStateBackend, not NoneType"):
+        AsyncExecutionController(None)
+
