@@ -846,6 +846,7 @@ cdef class AsyncExecutionController:
 
     cdef int _dispose(self, RecordContext ctx) except -1:
         cdef _Epoch ep
+        cdef object error = None
         self._in_flight -= 1
         if ctx.holds_key:
             ctx.holds_key = False
@@ -865,11 +866,19 @@ cdef class AsyncExecutionController:
                 else:
                     del self._blocking[ctx.key]
                 for r in mine:
-                    self._insert_active(<StateFuture>r)
+                    # a sync point runs here: if its callback raises, the record's
+                    # other requests and this one's epoch are still seen to
+                    try:
+                        self._insert_active(<StateFuture>r)
+                    except BaseException as exc:
+                        if error is None:
+                            error = exc
         ep = <_Epoch?>ctx.epoch
         ep.records -= 1
         if ep.records == 0 and ep.closed:
             self._finish_epochs()
+        if error is not None:
+            raise error
         return 0
 
     # ------------------------------------------------------------ batches

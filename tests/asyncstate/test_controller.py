@@ -774,3 +774,23 @@ def test_bad_requests_and_arguments_are_type_errors_naming_the_problem() -> None
     with pytest.raises(TypeError, match="backend must be a KeyedStateBackend, not NoneType"):
         AsyncExecutionController(None)
 
+
+
+def test_a_raising_sync_point_released_by_an_earlier_record_keeps_the_next_record_s_requests() -> None:
+    backend, count, aec = make(batch_size=100)
+    ran: list = []
+
+    def second(_: Any) -> None:
+        aec.sync_point(lambda: 1 // 0)
+        count.async_update(5)
+
+    aec.process("k", lambda _: count.async_value())  # holds key k
+    aec.process("k", second)  # waits for it
+    aec.process_non_record(None, lambda: ran.append("final"), mode=EpochMode.PARALLEL_BETWEEN_EPOCH)
+    with pytest.raises(ZeroDivisionError):
+        aec.trigger()  # the first record finishes: the sync point runs and raises
+    aec.drain(timeout=5)
+    assert ran == ["final"]
+    assert_quiet(aec)
+    backend.set_current_key("k")
+    assert count.value() == 5
