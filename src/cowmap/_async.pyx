@@ -91,7 +91,10 @@ cdef inline int _release(object ctx) except -1:
 cdef int _release_record(RecordContext rc) except -1:
     rc.refs -= 1
     if rc.refs == 0:
-        if rc._aec is not None:
+        # a record is disposed once: a context already disposed is not counted
+        # again (see _new_future), and if it is, reaching 0 again does nothing
+        if rc._aec is not None and not rc._disposed:
+            rc._disposed = True
             (<AsyncExecutionController>rc._aec)._dispose(rc)
     elif rc.refs < 0:
         raise RuntimeError("record context released more often than retained")
@@ -110,9 +113,12 @@ cdef class RecordContext:
     cdef public Py_ssize_t refs
     cdef public bint holds_key
     cdef readonly AsyncExecutionController _aec
+    # set when the record is finished (its count reached 0 and the controller
+    # disposed it): it is never referenced or disposed again
+    cdef readonly bint _disposed
     # the wave of a batch this record last had a request in (see
-    # AsyncExecutionController._run_wave): the first state it used in that
-    # wave (identity only, not a reference) and the others, if any
+    # AsyncExecutionController._run_wave): the first state table it used in
+    # that wave (identity only, not a reference) and the others, if any
     cdef Py_ssize_t _wave
     cdef void *_wave_state
     cdef list _wave_states
@@ -127,6 +133,7 @@ cdef class RecordContext:
         self.priority = priority
         self.refs = 0
         self.holds_key = False
+        self._disposed = False
         self._aec = aec
 
     def retain(self):
@@ -322,6 +329,14 @@ cdef class StateFuture:
     cdef int _step(self, StateFuture src) except -1:
         """Run this derived future's step now that ``src`` (what it waits on) is complete."""
         cdef int kind = self._kind
+        if kind == K_FORWARD or kind == K_COND_FORWARD or kind == K_COMBINE_BOTH:
+            # waiting on a second future, which may have no mailbox (or another):
+            # completed off the task thread, it must not run this one's callbacks
+            # (the record's) there; the step runs as a mail, as _finish would
+            mb = self._mailbox
+            if mb is not None and src._mailbox is not mb and not mb.is_task_thread():
+                _post_step(mb, self, src)
+                return 0
         fn = self._fn
         if kind == K_FORWARD:
             self._kind = K_SOURCE
@@ -430,7 +445,7 @@ cdef class StateFuture:
     def then_combine(self, other, fn):
         """A future of ``fn(result, other's result)``, once both are complete."""
         cdef StateFuture out
-        _as_future(other, "other")
+        _is_future(other, "then_combine's other")
         _callable(fn, "fn")
         out = _new_future(self._mailbox, self._ctx)
         out._kind = K_COMBINE
@@ -491,14 +506,32 @@ cdef inline int _run_callback(cb, StateFuture src) except -1:
     return 0
 
 
+def _post_step(mb, StateFuture f, StateFuture src):
+    """Run ``f``'s step on ``src`` as a mail on the task thread (see StateFuture._step)."""
+    mb.post(lambda: _resume_step(f, src))
+
+
+cdef int _resume_step(StateFuture f, StateFuture src) except -1:
+    """``f``'s step on the task thread, with its record current if it has one."""
+    ctx = f._ctx
+    if type(ctx) is RecordContext and (<RecordContext>ctx)._aec is not None:
+        return (<RecordContext>ctx)._aec._step_in_record(f, src)
+    return f._step(src)
+
+
 cdef StateFuture _new_future(mailbox, ctx):
     """``StateFuture(mailbox, ctx)`` without the Python call."""
     cdef StateFuture f = StateFuture.__new__(StateFuture)
     f._inited = True
     f._result = _PENDING
     f._mailbox = mailbox
-    f._ctx = ctx
     if ctx is not None:
+        if type(ctx) is RecordContext and (<RecordContext>ctx)._disposed:
+            # derived from a future of a finished record (a then_* or
+            # combine_all after it completed): nothing of the record is left
+            # to hold, so the new future is not counted against it
+            return f
+        f._ctx = ctx
         _retain(ctx)
     return f
 
@@ -507,6 +540,12 @@ cdef inline int _callable(fn, str what) except -1:
     if not callable(fn):
         raise TypeError(f"{what} must be callable, not {type(fn).__name__}")
     return 0
+
+
+cdef inline StateFuture _is_future(f, str what):
+    if not isinstance(f, StateFuture):
+        raise TypeError(f"{what} must be a StateFuture, not {type(f).__name__}")
+    return <StateFuture>f
 
 
 cdef inline StateFuture _as_future(f, str what):
@@ -541,7 +580,9 @@ class StateFutureUtils:
     def combine_all(futures):
         """A future of every result, in input order, once the last one completes."""
         cdef StateFuture out
-        fs = [_as_future(f, "combine_all's input") for f in futures]
+        if not hasattr(futures, "__iter__"):
+            raise TypeError(f"combine_all needs an iterable of StateFutures, not {type(futures).__name__}")
+        fs = [_is_future(f, "combine_all's input") for f in futures]
         if not fs:
             return StateFutureUtils.completed_future([])
         first = <StateFuture>fs[0]
@@ -561,7 +602,7 @@ class StateFutureUtils:
     @staticmethod
     def to_iterable(future):
         """A future of a list of what the iterable result of ``future`` yields."""
-        return _as_future(future, "to_iterable's input")._then(K_TO_LIST, None, None, None)
+        return _is_future(future, "to_iterable's input")._then(K_TO_LIST, None, None, None)
 
 
 
@@ -659,6 +700,11 @@ cdef class AsyncExecutionController:
     cdef Py_ssize_t _buffer_seq
     cdef Py_ssize_t _wave_seq
     cdef unsigned long _task_thread
+    # the first exception a user callback raised in the batch being run (it is
+    # raised once the whole batch ran) and the first the controller ever saw
+    # come out of a batch or a mail (drain raises it rather than wait for ever)
+    cdef object _batch_error
+    cdef object _failure
 
 
     def __init__(self, backend, batch_size=1000, buffer_timeout_ms=1000, max_in_flight_records=6000, epoch_mode=EpochMode.SERIAL_BETWEEN_EPOCH, mailbox=None):
@@ -669,6 +715,8 @@ cdef class AsyncExecutionController:
             raise ValueError(f"buffer_timeout_ms must be >= 0, got {buffer_timeout_ms!r}")
         if not isinstance(epoch_mode, EpochMode):
             raise TypeError(f"epoch_mode must be an EpochMode, not {type(epoch_mode).__name__}")
+        if not callable(getattr(backend, "set_current_key", None)):
+            raise TypeError(f"backend must be a KeyedStateBackend, not {type(backend).__name__}")
         self.backend = backend
         self.batch_size = batch_size
         self.buffer_timeout_ms = buffer_timeout_ms
@@ -732,6 +780,9 @@ cdef class AsyncExecutionController:
         """
         cdef RecordContext ctx, previous
         self._check_thread()
+        if type(priority) is not int and not isinstance(priority, int):
+            # compared when a busy key is handed over (_dispose): too late to fail there
+            raise TypeError(f"priority must be an int, not {type(priority).__name__}")
         while self._in_flight >= self.max_in_flight_records:
             if not self._make_progress():
                 raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")
@@ -761,6 +812,8 @@ cdef class AsyncExecutionController:
         """Queue a request of the current record; a future of its result."""
         if type(op) is not str:
             raise TypeError(f"op must be a str (a state method's name), not {type(op).__name__}")
+        if state is None:  # (only sync points, queued by sync_point, have none)
+            raise TypeError(f"handle_request needs a state for op {op!r}, not None")
         return self._request(state, <str>_OPS.get(op, op), args)
 
     cdef StateFuture _request(self, state, str op, tuple args):
@@ -770,7 +823,15 @@ cdef class AsyncExecutionController:
         cdef StateFuture req
         if ctx is None:
             raise RuntimeError("async state calls must be made inside AsyncExecutionController.process")
-        ns = None if state is None else cowmap_slot_get(state, _NS, &_ns_slot)
+        if state is None:
+            ns = None
+        else:
+            try:
+                ns = cowmap_slot_get(state, _NS, &_ns_slot)
+            except AttributeError:
+                if hasattr(type(state), _NS):  # a state, with the slot unset
+                    raise
+                raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
         req = _new_future(self.mailbox, ctx)
         req._state = state
         req._op = op
@@ -787,6 +848,7 @@ cdef class AsyncExecutionController:
 
     def sync_point(self, callback):
         """Run ``callback`` once the current record holds its key (at once if it does)."""
+        _callable(callback, "sync_point's callback")
         return self._request(None, _SYNC, _NO_ARGS).then_accept(lambda _: callback())
 
     cdef bint _try_occupy(self, RecordContext ctx) except -1:
@@ -808,6 +870,7 @@ cdef class AsyncExecutionController:
 
     cdef int _dispose(self, RecordContext ctx) except -1:
         cdef _Epoch ep
+        cdef object error = None
         self._in_flight -= 1
         if ctx.holds_key:
             ctx.holds_key = False
@@ -827,11 +890,19 @@ cdef class AsyncExecutionController:
                 else:
                     del self._blocking[ctx.key]
                 for r in mine:
-                    self._insert_active(<StateFuture>r)
+                    # a sync point runs here: if its callback raises, the record's
+                    # other requests and this one's epoch are still seen to
+                    try:
+                        self._insert_active(<StateFuture>r)
+                    except BaseException as exc:
+                        if error is None:
+                            error = exc
         ep = <_Epoch?>ctx.epoch
         ep.records -= 1
         if ep.records == 0 and ep.closed:
             self._finish_epochs()
+        if error is not None:
+            raise error
         return 0
 
     # ------------------------------------------------------------ batches
@@ -839,9 +910,17 @@ cdef class AsyncExecutionController:
     def trigger(self):
         """Run the active buffer as one batch now; returns how many requests ran.
 
-        A batch runs in waves so each (state, key) sees its requests in order;
+        A batch runs in waves so each (state table, key) sees its requests in order;
         within a wave the requests of one state and type go to the state in one
         vectorised call where it has one (``_batch_<op>``), else one by one.
+
+        An exception raised by a callback (user code run as a request completes)
+        does not abandon the batch: every request of the batch still runs and
+        completes (the futures of the failing chain fail with the exception),
+        then the first such exception is raised here, on the task thread. As in
+        Flink, that fails the task: the controller keeps it, and if records can
+        then never finish (a callback that raised skipped the other callbacks
+        of its future), :meth:`drain` raises instead of waiting for ever.
         """
         cdef list batch
         cdef Py_ssize_t n
@@ -854,12 +933,19 @@ cdef class AsyncExecutionController:
         self.batches_run += 1
         n = len(batch)
         self.requests_run += n
+        self._batch_error = None
         while batch:
             batch = self._run_wave(batch)
+        exc = self._batch_error
+        if exc is not None:
+            self._batch_error = None
+            if self._failure is None:
+                self._failure = exc
+            raise exc
         return n
 
     cdef list _run_wave(self, list batch):
-        """Run the first request of each (state, key) in ``batch``, grouped by
+        """Run the first request of each (state table, key) in ``batch``, grouped by
         (state, op) in order of first appearance; the requests left over."""
         cdef list groups = []
         cdef list rest = []
@@ -876,12 +962,14 @@ cdef class AsyncExecutionController:
             ctx = <RecordContext?>req._ctx
             # A key's requests in a batch all belong to one record (the record
             # holding the key: another can only take it once all of them are
-            # done), so its context marks which states it used in this wave.
+            # done), so its context marks which states it used in this wave --
+            # by table, not view: two views of one table are one state.
+            table = _table_of(req._state)
             if ctx._wave != wave:
                 ctx._wave = wave
-                ctx._wave_state = <void *>req._state
+                ctx._wave_state = <void *>table
                 ctx._wave_states = None
-            elif not _first_use_in_wave(ctx, req._state):
+            elif not _first_use_in_wave(ctx, table):
                 rest.append(req)
                 continue
             if group is None or not _same_group(<StateFuture>group[0], req):
@@ -902,60 +990,117 @@ cdef class AsyncExecutionController:
                         index[(id(req._state), req._op)] = group
             group.append(req)
         for g in groups:
-            self._run_group(g)
+            try:
+                self._run_group(g)
+            except BaseException as exc:  # the other groups still run (see trigger)
+                if self._batch_error is None:
+                    self._batch_error = exc
         return rest
 
     def _run_group(self, reqs):
-        """Run one group of a wave: requests of one state and op, at most one per key."""
+        """Run one group of a wave: requests of one state and op, at most one per key.
+
+        Every request of the group completes even if a callback raises; the
+        first exception is raised after the last one (see trigger)."""
         cdef StateFuture first, req
         cdef Py_ssize_t i, n
+        cdef object error = None
         if type(reqs) is not list or not reqs:
             raise TypeError("_run_group needs a non-empty list of requests")
-        first = _as_request((<list>reqs)[0])
+        n = len(<list>reqs)
+        for i in range(n):
+            _as_request((<list>reqs)[i])
+        first = <StateFuture>(<list>reqs)[0]
         state = first._state
-        vector = getattr(state, _batch_name(first._op), None)
+        vector = getattr(state, _batch_name(first._op), None) if state is not None else None
         if vector is not None:
+            failed = None
             try:
                 results = vector(reqs)
-            except Exception as exc:  # the whole call failed: fail every request of it
-                self.core_calls += 1
-                for item in reqs:
-                    self._complete(_as_request(item), None, exc)
-                return
+            except Exception as exc:
+                failed = exc
+                results = None
             if results is not None:
-                self.core_calls += 1
                 if type(results) is not list:
                     results = list(results)
-                n = len(<list>reqs)
-                if len(<list>results) != n:
-                    raise RuntimeError(
+                if len(<list>results) != n:  # a broken batch method: it fails the task too
+                    failed = error = RuntimeError(
                         f"{type(state).__name__}.{_batch_name(first._op)} returned {len(<list>results)} results "
                         f"for {n} requests"
                     )
+            if failed is not None:  # the whole call failed: fail every request of it
+                self.core_calls += 1
                 for i in range(n):
-                    self._complete(_as_request((<list>reqs)[i]), (<list>results)[i], None)
+                    try:
+                        self._complete(<StateFuture>(<list>reqs)[i], None, failed)
+                    except BaseException as e:
+                        if error is None:
+                            error = e
+                if error is not None:
+                    raise error
+                return
+            if results is not None:
+                self.core_calls += 1
+                for i in range(n):
+                    try:
+                        self._complete(<StateFuture>(<list>reqs)[i], (<list>results)[i], None)
+                    except BaseException as e:
+                        if error is None:
+                            error = e
+                if error is not None:
+                    raise error
                 return
         backend = self.backend
-        for item in reqs:
-            req = _as_request(item)
-            backend.set_current_key((<RecordContext>req._ctx).key)
-            if state._ns is not req._ns:
-                state.set_current_namespace(req._ns)
+        for i in range(n):
+            req = <StateFuture>(<list>reqs)[i]
             self.core_calls += 1
+            failed = None
             try:
+                backend.set_current_key((<RecordContext>req._ctx).key)
+                if state._ns is not req._ns:
+                    state.set_current_namespace(req._ns)
                 value = getattr(state, req._op)(*req._args)
             except Exception as exc:  # a failing request fails its future (and its chain)
-                self._complete(req, None, exc)
-            else:
-                self._complete(req, value, None)
+                value = None
+                failed = exc
+            try:
+                self._complete(req, value, failed)
+            except BaseException as e:
+                if error is None:
+                    error = e
+        if error is not None:
+            raise error
 
     cdef int _complete(self, StateFuture req, value, exc) except -1:
         """Complete a request's future with its record current, so the callbacks'
-        own async calls belong to that record."""
+        own async calls belong to that record, and (if it has callbacks) with the
+        record's key current on the backend, so they read and write its state
+        (as Flink switches the key with the record context)."""
+        cdef RecordContext ctx = <RecordContext?>req._ctx
+        if req._cb is not None:  # user code runs: only then is the key needed
+            backend = self.backend
+            if backend._key is not ctx.key:  # (an equal key: set_current_key is harmless)
+                backend.set_current_key(ctx.key)
         previous = self._current
-        self._current = <RecordContext?>req._ctx
+        self._current = ctx
         try:
             req._set(value, exc)  # on the task thread already
+        finally:
+            self._current = previous
+        return 0
+
+    cdef int _step_in_record(self, StateFuture f, StateFuture src) except -1:
+        """Run the step of ``f`` (a future of a record) on ``src`` as ``_complete``
+        completes a request: with the record current, and its key if callbacks run."""
+        cdef RecordContext ctx = <RecordContext>f._ctx
+        if f._cb is not None:
+            backend = self.backend
+            if backend._key is not ctx.key:
+                backend.set_current_key(ctx.key)
+        previous = self._current
+        self._current = ctx
+        try:
+            f._step(src)
         finally:
             self._current = previous
         return 0
@@ -982,10 +1127,26 @@ cdef class AsyncExecutionController:
         return self.mailbox.run_available() > 0
 
     def drain(self, timeout=None):
-        """Run batches and mails until no record is in flight (before a snapshot)."""
+        """Run batches and mails until no record is in flight (before a snapshot).
+
+        An exception from a batch or a mail propagates (see :meth:`trigger`). Once
+        one has, records its failing chain left unfinished never finish: when
+        nothing else can run, drain raises a RuntimeError from that first failure
+        rather than wait for ever (the task has failed, as in Flink)."""
         self._check_thread()
         while self._in_flight:
-            if not self._make_progress():
+            try:
+                progressed = self._make_progress()
+            except BaseException as exc:
+                if self._failure is None:
+                    self._failure = exc
+                raise
+            if not progressed:
+                if self._failure is not None:
+                    raise RuntimeError(
+                        f"{self._in_flight} records can never finish: a callback failed earlier "
+                        f"({self._failure!r})"
+                    ) from self._failure
                 if not self.mailbox.run_until(lambda: len(self.mailbox) > 0 or not self._in_flight, timeout):
                     raise TimeoutError(f"{self._in_flight} records still in flight after {timeout} s")
 
@@ -1026,8 +1187,22 @@ cdef class AsyncExecutionController:
         return 0
 
 
+cdef cowmap_slot_cache _t_slot
+cdef str _T = "_t"
+
+
+cdef inline object _table_of(state):
+    """The table a state view is over (``state._t``; the state itself if it has none)."""
+    if state is None:
+        return None
+    try:
+        return cowmap_slot_get(state, _T, &_t_slot)
+    except AttributeError:
+        return state
+
+
 cdef bint _first_use_in_wave(RecordContext ctx, state) except -1:
-    """Whether ``state`` is new among the states ``ctx`` used in the current wave (and note it)."""
+    """Whether ``state`` (a table) is new among those ``ctx`` used in the current wave (and note it)."""
     if ctx._wave_state == <void *>state:
         return False
     if ctx._wave_states is None:
@@ -1052,7 +1227,13 @@ cdef str _NS = "_ns"
 
 
 cdef AsyncExecutionController _aec_of(state):
-    aec = cowmap_slot_get(state, _B, &_b_slot)._aec
+    try:
+        b = cowmap_slot_get(state, _B, &_b_slot)
+    except AttributeError:
+        if hasattr(type(state), _B):  # a state, with the slot unset
+            raise
+        raise TypeError(f"async state methods need a state, not {type(state).__name__}") from None
+    aec = b._aec
     if aec is None:
         raise RuntimeError(
             f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"

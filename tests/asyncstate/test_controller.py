@@ -598,3 +598,199 @@ def test_state_attributes_read_by_the_twins_follow_class_changes() -> None:
     with pytest.raises(AttributeError):
         aec.process("j", lambda _: empty.async_value())
     aec.drain()
+
+
+def test_chaining_on_a_future_of_a_finished_record_does_not_dispose_it_again() -> None:
+    from cowmap.asyncstate import StateFutureUtils
+
+    backend, count, aec = make()
+    held: list = []
+    aec.process("a", lambda _: held.append(count.async_value()))
+    aec.drain()
+    assert_quiet(aec)
+    # later chains on the finished record's future run inline and leave the count alone
+    assert held[0].then_apply(lambda v: v + 1).get() == 1
+    assert StateFutureUtils.combine_all([held[0], held[0]]).get() == [0, 0]
+    assert held[0].then_compose(lambda v: held[0]).get() == 0
+    assert aec.in_flight_records == 0
+    # an epoch's final action still waits for its records
+    pending: list = []
+    aec.process("b", lambda _: pending.append(count.async_value()))
+    ran: list = []
+    aec.process_non_record(None, lambda: ran.append(1), mode=EpochMode.PARALLEL_BETWEEN_EPOCH)
+    held[0].then_accept(lambda v: None)
+    assert ran == [] and aec.in_flight_records == 1 and not pending[0].is_done()
+    aec.drain(timeout=5)
+    assert ran == [1]
+    assert_quiet(aec)
+
+
+def test_a_raising_callback_does_not_abandon_the_rest_of_the_batch() -> None:
+    backend, count, aec = make(batch_size=100)
+    futures: list = []
+
+    def boom(_: Any) -> None:
+        raise ValueError("user callback failed")
+
+    for k in range(5):
+        aec.process(k, lambda _, k=k: futures.append(count.async_value().then_apply(boom if k == 0 else (lambda v: v))))
+    aec.process(1, lambda _: futures.append(count.async_update(7)))  # a second record of key 1
+    aec.process(9, lambda _: (count.async_update(3), futures.append(count.async_value())))  # two waves
+    with pytest.raises(ValueError, match="user callback failed"):
+        aec.trigger()  # the first exception surfaces once the whole batch ran
+    assert all(f.is_done() for f in futures[:5] + futures[6:])
+    with pytest.raises(ValueError):
+        futures[0].get()
+    assert futures[6].get() == 3
+    aec.drain(timeout=5)  # the rest (key 1's second record) still runs
+    assert all(f.is_done() for f in futures)
+    assert_quiet(aec)
+    backend.set_current_key(1)
+    assert count.value() == 7
+
+
+def test_drain_raises_instead_of_hanging_when_a_failed_callback_left_a_record_unfinished() -> None:
+    backend, count, aec = make()
+
+    def rec(_: Any) -> None:
+        f = count.async_value()
+        f.then_accept(lambda v: 1 // 0)
+        f.then_accept(lambda v: None)  # skipped: the callback before it raised
+
+    aec.process("k", rec)
+    with pytest.raises(ZeroDivisionError):
+        aec.drain(timeout=5)
+    with pytest.raises(RuntimeError, match="never finish") as info:
+        aec.drain(timeout=1)  # (without the stored failure: waits, then TimeoutError)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("priority", [None, "high", 1.5])
+def test_a_priority_that_is_not_an_int_is_rejected(priority: Any) -> None:
+    backend, count, aec = make()
+    futures: list = []
+    aec.process("k", lambda _: futures.append(count.async_value()))
+    with pytest.raises(TypeError, match="priority must be an int"):
+        aec.process("k", lambda _: futures.append(count.async_value()), priority=priority)
+    aec.process("k", lambda _: futures.append(count.async_value()), priority=2)
+    aec.drain(timeout=5)
+    assert len(futures) == 2 and all(f.is_done() for f in futures)
+    assert_quiet(aec)
+
+
+def test_callbacks_run_with_their_record_s_key_current_on_the_backend() -> None:
+    backend, count, aec = make(batch_size=100)
+    for k in ("a", "b", "c"):
+        aec.process(k, lambda _, k=k: count.async_update(ord(k)))
+    aec.drain()
+    seen: list = []
+    # the vectorised path: each callback reads its own key's value synchronously
+    for k in ("a", "b", "c"):
+        aec.process(k, lambda _, k=k: count.async_value().then_accept(
+            lambda v, k=k: seen.append((k, backend.get_current_key(), v, count.value()))))
+    aec.drain()
+    assert sorted(seen) == [(k, k, ord(k), ord(k)) for k in ("a", "b", "c")]
+    # a sync point released when the key's earlier record finishes
+    seen.clear()
+    aec.process("a", lambda _: count.async_value())  # holds key a
+    aec.process("a", lambda _: aec.sync_point(lambda: seen.append((backend.get_current_key(), count.value()))))
+    aec.process("b", lambda _: None)  # the backend's current key is now b
+    aec.drain()
+    assert seen == [("a", ord("a"))]
+    assert_quiet(aec)
+
+
+def test_two_views_of_one_table_keep_a_record_s_order() -> None:
+    backend = KeyedStateBackend(max_parallelism=16)
+    s1 = backend.get_state(ValueStateDescriptor("v"))
+    s2 = backend.get_state(ValueStateDescriptor("v"))  # another view of the same table
+    assert s1._t is s2._t and s1 is not s2
+    aec = AsyncExecutionController(backend, buffer_timeout_ms=0)
+    out: dict = {}
+    aec.process("other", lambda _: s2.async_value())  # the (s2, value) group comes first
+
+    def rec(_: Any) -> None:
+        s1.async_update(42)
+        s2.async_value().then_accept(lambda v: out.setdefault("read", v))
+        s1.async_value().then_accept(lambda v: out.setdefault("read again", v))
+
+    aec.process("k", rec)
+    aec.drain()
+    assert out == {"read": 42, "read again": 42}
+    assert_quiet(aec)
+
+
+def test_a_record_composing_a_future_completed_on_another_thread_finishes_on_the_task_thread() -> None:
+    import threading
+
+    from cowmap.asyncstate import StateFuture
+
+    backend, count, aec = make()
+    ext = StateFuture()  # no mailbox
+    seen: list = []
+
+    def rec(_: Any) -> None:
+        count.async_value().then_compose(lambda v: ext).then_accept(
+            lambda v: seen.append((threading.get_ident(), backend.get_current_key(), aec.current_context.key)))
+
+    aec.process("k", rec)
+    aec.process("other", lambda _: count.async_value())
+    aec.trigger()  # the request ran; the chain waits on ext
+    t = threading.Thread(target=ext.complete, args=(1,))
+    t.start()
+    t.join()
+    assert seen == [] and aec.in_flight_records == 1  # nothing ran on the other thread
+    aec.drain(timeout=5)
+    assert seen == [(threading.get_ident(), "k", "k")]
+    assert_quiet(aec)
+
+
+def test_bad_requests_and_arguments_are_type_errors_naming_the_problem() -> None:
+    from cowmap import _async
+    from cowmap.asyncstate import StateFuture, StateFutureUtils
+
+    backend, count, aec = make()
+    with pytest.raises(TypeError, match="handle_request needs a state for op 'value', not None"):
+        aec.process(1, lambda _: aec.handle_request(None, "value"))
+    with pytest.raises(TypeError, match="async state requests need a state, not int"):
+        aec.process(1, lambda _: aec.handle_request(5, "value"))
+    with pytest.raises(TypeError, match="sync_point's callback must be callable, not int"):
+        aec.process(1, lambda _: aec.sync_point(5))
+    futures: list = []
+    aec.process(2, lambda _: futures.append(count.async_value()))
+    aec.drain(timeout=5)  # nothing was left behind by the rejected calls
+    assert futures[0].get() == 0
+    assert_quiet(aec)
+    with pytest.raises(TypeError, match="async state methods need a state, not int"):
+        _async.async_value(5)
+    with pytest.raises(TypeError, match="then_combine's other must be a StateFuture, not int"):
+        StateFuture().then_combine(5, lambda a, b: a)
+    with pytest.raises(TypeError, match="combine_all's input must be a StateFuture, not int"):
+        StateFutureUtils.combine_all([1])
+    with pytest.raises(TypeError, match="combine_all needs an iterable of StateFutures, not int"):
+        StateFutureUtils.combine_all(5)
+    with pytest.raises(TypeError, match="to_iterable's input must be a StateFuture, not int"):
+        StateFutureUtils.to_iterable(1)
+    with pytest.raises(TypeError, match="backend must be a KeyedStateBackend, not NoneType"):
+        AsyncExecutionController(None)
+
+
+
+def test_a_raising_sync_point_released_by_an_earlier_record_keeps_the_next_record_s_requests() -> None:
+    backend, count, aec = make(batch_size=100)
+    ran: list = []
+
+    def second(_: Any) -> None:
+        aec.sync_point(lambda: 1 // 0)
+        count.async_update(5)
+
+    aec.process("k", lambda _: count.async_value())  # holds key k
+    aec.process("k", second)  # waits for it
+    aec.process_non_record(None, lambda: ran.append("final"), mode=EpochMode.PARALLEL_BETWEEN_EPOCH)
+    with pytest.raises(ZeroDivisionError):
+        aec.trigger()  # the first record finishes: the sync point runs and raises
+    aec.drain(timeout=5)
+    assert ran == ["final"]
+    assert_quiet(aec)
+    backend.set_current_key("k")
+    assert count.value() == 5

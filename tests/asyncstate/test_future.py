@@ -304,3 +304,26 @@ def test_a_long_chain_of_derived_futures_completes_in_order() -> None:
     src.complete(0)
     assert f.get() == sum(i for i in range(200) if i % 2)
     assert ctx.refs == 0
+
+
+@pytest.mark.parametrize("how", ["compose", "conditionally_compose", "combine"])
+def test_waiting_on_a_future_completed_on_another_thread_runs_callbacks_on_the_task_thread(how: str) -> None:
+    mb = Mailbox()
+    ran_on: list[int] = []
+    f: StateFuture[int] = StateFuture(mb)
+    ext: StateFuture[int] = StateFuture()  # no mailbox: completed by an I/O thread
+    if how == "compose":
+        g = f.then_compose(lambda v: ext)
+    elif how == "conditionally_compose":
+        g = f.then_conditionally_compose(lambda v: True, lambda v: ext)
+    else:
+        g = f.then_combine(ext, lambda a, b: b)
+    h = g.then_accept(lambda v: ran_on.append(threading.get_ident()))
+    f.complete(1)
+    t = threading.Thread(target=ext.complete, args=(2,))
+    t.start()
+    t.join()
+    assert not g.is_done() and ran_on == []  # only a mail was posted
+    assert mb.run_until(h.is_done, timeout=5)
+    assert ran_on == [threading.get_ident()]
+    assert g.get() == ((True, 2) if how == "conditionally_compose" else 2)
