@@ -1056,7 +1056,7 @@ cdef class AsyncExecutionController:
             self.core_calls += 1
             failed = None
             try:
-                backend.set_current_key((<RecordContext>req._ctx).key)
+                backend.set_current_key((<RecordContext?>req._ctx).key)
                 if state._ns is not req._ns:
                     state.set_current_namespace(req._ns)
                 value = getattr(state, req._op)(*req._args)
