@@ -536,6 +536,22 @@ cdef StateFuture _new_future(mailbox, ctx):
     return f
 
 
+cdef inline int _switch_key(backend, RecordContext ctx) except -1:
+    """Make ``ctx``'s key current on the backend before a record's callbacks run
+    (Flink switches the key with the record context). What set_current_key does,
+    minus what process() already did for this key (the key group, the range
+    check): a completion pays two attribute writes, not a key-group hash."""
+    if backend._key is ctx.key:
+        return 0
+    if backend._record_cleanups:  # TTL cleanup on every key switch: the full path
+        backend.set_current_key(ctx.key)
+        return 0
+    backend._key = ctx.key
+    backend._kg = ctx.key_group
+    backend._epoch += 1  # states cache per-key data by it
+    return 0
+
+
 cdef inline int _callable(fn, str what) except -1:
     if not callable(fn):
         raise TypeError(f"{what} must be callable, not {type(fn).__name__}")
@@ -1078,9 +1094,7 @@ cdef class AsyncExecutionController:
         (as Flink switches the key with the record context)."""
         cdef RecordContext ctx = <RecordContext?>req._ctx
         if req._cb is not None:  # user code runs: only then is the key needed
-            backend = self.backend
-            if backend._key is not ctx.key:  # (an equal key: set_current_key is harmless)
-                backend.set_current_key(ctx.key)
+            _switch_key(self.backend, ctx)
         previous = self._current
         self._current = ctx
         try:
@@ -1094,9 +1108,7 @@ cdef class AsyncExecutionController:
         completes a request: with the record current, and its key if callbacks run."""
         cdef RecordContext ctx = <RecordContext>f._ctx
         if f._cb is not None:
-            backend = self.backend
-            if backend._key is not ctx.key:
-                backend.set_current_key(ctx.key)
+            _switch_key(self.backend, ctx)
         previous = self._current
         self._current = ctx
         try:

@@ -81,7 +81,10 @@ class KeyedStateBackend:
     # ------------------------------------------------------------ key context
 
     def set_current_key(self, key: Any) -> None:
-        """Make ``key`` the key that state accesses read and write."""
+        """Make ``key`` the key that state accesses read and write.
+
+        (The async controller's ``_switch_key`` repeats the last steps for keys
+        it already validated here: keep the two in step.)"""
         kg = key_group_for(key, self.max_parallelism)  # TypeError for None / unhashable keys
         if not self._lo <= kg <= self._hi:
             raise ValueError(
