@@ -536,14 +536,35 @@ cdef StateFuture _new_future(mailbox, ctx):
     return f
 
 
-cdef inline int _switch_key(backend, RecordContext ctx) except -1:
+cdef inline bint _runs_user_code(StateFuture f):
+    """Whether completing ``f`` runs user code: it does unless its callbacks are
+    only forwarding steps (a ``then_compose``'s inner future handing its result
+    on) whose own callbacks run none."""
+    cdef StateFuture d
+    while True:
+        cb = f._cb
+        if cb is None:
+            return False
+        if f._cbs is not None or type(cb) is not StateFuture:
+            return True
+        d = <StateFuture>cb
+        if d._kind != K_FORWARD and d._kind != K_COND_FORWARD:
+            return True
+        f = d
+
+
+cdef inline int _switch_key(AsyncExecutionController aec, RecordContext ctx) except -1:
     """Make ``ctx``'s key current on the backend before a record's callbacks run
     (Flink switches the key with the record context). What set_current_key does,
     minus what process() already did for this key (the key group, the range
     check): a completion pays two attribute writes, not a key-group hash."""
+    backend = aec.backend
     if backend._key is ctx.key:
         return 0
-    if backend._record_cleanups:  # TTL cleanup on every key switch: the full path
+    if backend is not aec._cleanups_of:  # the backend's list of every-record TTL cleanups
+        aec._cleanups = backend._record_cleanups
+        aec._cleanups_of = backend
+    if aec._cleanups:  # TTL cleanup on every key switch: the full path
         backend.set_current_key(ctx.key)
         return 0
     backend._key = ctx.key
@@ -715,6 +736,8 @@ cdef class AsyncExecutionController:
     cdef object _epochs
     cdef Py_ssize_t _buffer_seq
     cdef Py_ssize_t _wave_seq
+    cdef object _cleanups_of  # the backend whose _record_cleanups list _cleanups is
+    cdef object _cleanups
     cdef unsigned long _task_thread
     # the first exception a user callback raised in the batch being run (it is
     # raised once the whole batch ran) and the first the controller ever saw
@@ -1093,8 +1116,8 @@ cdef class AsyncExecutionController:
         record's key current on the backend, so they read and write its state
         (as Flink switches the key with the record context)."""
         cdef RecordContext ctx = <RecordContext?>req._ctx
-        if req._cb is not None:  # user code runs: only then is the key needed
-            _switch_key(self.backend, ctx)
+        if _runs_user_code(req):  # only then is the key needed
+            _switch_key(self, ctx)
         previous = self._current
         self._current = ctx
         try:
@@ -1107,8 +1130,8 @@ cdef class AsyncExecutionController:
         """Run the step of ``f`` (a future of a record) on ``src`` as ``_complete``
         completes a request: with the record current, and its key if callbacks run."""
         cdef RecordContext ctx = <RecordContext>f._ctx
-        if f._cb is not None:
-            _switch_key(self.backend, ctx)
+        if (f._kind != K_FORWARD and f._kind != K_COND_FORWARD) or _runs_user_code(f):
+            _switch_key(self, ctx)
         previous = self._current
         self._current = ctx
         try:

@@ -794,3 +794,25 @@ def test_a_raising_sync_point_released_by_an_earlier_record_keeps_the_next_recor
     assert_quiet(aec)
     backend.set_current_key("k")
     assert count.value() == 5
+
+
+def test_a_callback_after_a_composed_request_runs_with_its_record_s_key() -> None:
+    """The key is switched for a completion only when user code runs: through a
+    then_compose's forwarding step that is the callback chained after it."""
+    backend = KeyedStateBackend()
+    aec = AsyncExecutionController(backend, batch_size=4, buffer_timeout_ms=0)
+    st = backend.get_state(ValueStateDescriptor("v", default_value=0))
+    seen: list[tuple[Any, Any]] = []
+
+    def fn(key: Any) -> None:
+        (st.async_value()
+         .then_compose(lambda v: st.async_update(v + 1))
+         .then_accept(lambda _: seen.append((key, backend.get_current_key()))))
+
+    keys = ["a", "b", "c", "a", "d", "b", "e", "a"]
+    for k in keys:
+        aec.process(k, fn, k)
+    aec.drain()
+    assert sorted(seen) == sorted((k, k) for k in keys)
+    backend.set_current_key("a")
+    assert st.value() == 3
