@@ -203,6 +203,9 @@ cdef class StateFuture:
         # __init__ on one would drop its record context from under it
         if self._inited:
             raise RuntimeError("StateFuture.__init__ called on an initialised future")
+        if context is not None and type(context) is not RecordContext and not (
+                callable(getattr(context, "retain", None)) and callable(getattr(context, "release", None))):
+            raise TypeError(f"context must have retain() and release(), not {type(context).__name__}")
         self._inited = True
         self._result = _PENDING
         self._exc = None

@@ -92,3 +92,24 @@ def test_a_chain_within_the_recursion_limit_completes() -> None:
 def test_multi_map_calls_reject_none(call: Any) -> None:
     with pytest.raises(TypeError):
         call(None, [])
+
+
+def test_a_context_without_retain_and_release_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="retain"):
+        StateFuture(context=5)
+
+    class Counting:
+        def __init__(self) -> None:
+            self.refs = 0
+
+        def retain(self) -> None:
+            self.refs += 1
+
+        def release(self) -> None:
+            self.refs -= 1
+
+    ctx = Counting()
+    f = StateFuture(context=ctx)
+    assert ctx.refs == 1
+    f.complete(None)
+    assert ctx.refs == 0
