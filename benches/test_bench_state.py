@@ -330,28 +330,22 @@ class _ValueBench:
         assert self.backend.num_entries() == small.n
 
 
-@pytest.fixture(scope="module")
-def value_plain(small):
-    vb = _ValueBench(small, ttl=False)
-    yield vb
-    del vb
-    _collect()
+def _value_bench_fixture(**kwargs):
+    """A module-scoped fixture holding a ``_ValueBench(small, **kwargs)``, freed after."""
+
+    @pytest.fixture(scope="module")
+    def fixture(small):
+        vb = _ValueBench(small, **kwargs)
+        yield vb
+        del vb
+        _collect()
+
+    return fixture
 
 
-@pytest.fixture(scope="module")
-def value_ttl(small):
-    vb = _ValueBench(small, ttl=True)
-    yield vb
-    del vb
-    _collect()
-
-
-@pytest.fixture(scope="module")
-def value_ttl_wall(small):
-    vb = _ValueBench(small, ttl=True, wall_clock=True)
-    yield vb
-    del vb
-    _collect()
+value_plain = _value_bench_fixture(ttl=False)
+value_ttl = _value_bench_fixture(ttl=True)
+value_ttl_wall = _value_bench_fixture(ttl=True, wall_clock=True)
 
 
 @pytest.fixture(scope="module")

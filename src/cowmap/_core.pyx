@@ -596,6 +596,16 @@ cdef inline void _hints(list maps, list kgs, list keys, list namespaces, Py_ssiz
         _hint(maps, kgs, keys, namespaces, i + HINT_D, 2)
 
 
+cdef Py_ssize_t _columns_len(list kgs, list keys, list namespaces, list states) except -1:
+    """The common length of a multi-map call's columns (``states`` None: no states)."""
+    cdef Py_ssize_t n = len(keys)
+    if len(kgs) != n or len(namespaces) != n:
+        raise ValueError("kgs, keys and namespaces must have the same length")
+    if states is not None and len(states) != n:
+        raise ValueError("kgs, keys, namespaces and states must have the same length")
+    return n
+
+
 def multi_get(list maps not None, list kgs not None, list keys not None, list namespaces not None, now=0, ttl=0, refresh=False):
     """One call for many single-key reads spread over the maps of a state's key
     groups: item i reads ``(keys[i], namespaces[i])`` in ``maps[kgs[i]]``.
@@ -605,9 +615,7 @@ def multi_get(list maps not None, list kgs not None, list keys not None, list na
     otherwise :meth:`CopyOnWriteStateMap.get`. A missing map reads as absent.
     Returns the list of results (states, None, or :data:`EXPIRED`).
     """
-    cdef Py_ssize_t n = len(keys), i
-    if len(kgs) != n or len(namespaces) != n:
-        raise ValueError("kgs, keys and namespaces must have the same length")
+    cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, None), i
     cdef int64_t c_now = _as_ts(now, "now"), c_ttl = _as_ts(ttl, "ttl")
     cdef int c_refresh = 1 if refresh else 0
     cdef list out = [None] * n
@@ -629,9 +637,7 @@ def multi_put(list maps not None, list kgs not None, list keys not None, list na
     """One call for many puts spread over the maps of a state's key groups: item i
     maps ``(keys[i], namespaces[i])`` to ``states[i]`` in ``maps[kgs[i]]`` (which
     must exist), all with timestamp ``ts``."""
-    cdef Py_ssize_t n = len(keys), i
-    if len(kgs) != n or len(namespaces) != n or len(states) != n:
-        raise ValueError("kgs, keys, namespaces and states must have the same length")
+    cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, states), i
     cdef int64_t c_ts = _as_ts(ts)
     cdef CopyOnWriteStateMap cm
     for i in range(n):
@@ -643,9 +649,7 @@ def multi_put(list maps not None, list kgs not None, list keys not None, list na
 def multi_replace(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
     """:meth:`CopyOnWriteStateMap.replace` for many items over a state's key-group
     maps in one call; a list of bools (False: absent, nothing added)."""
-    cdef Py_ssize_t n = len(keys), i
-    if len(kgs) != n or len(namespaces) != n or len(states) != n:
-        raise ValueError("kgs, keys, namespaces and states must have the same length")
+    cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, states), i
     cdef int64_t c_ts = _as_ts(ts)
     cdef list out = [False] * n
     cdef CopyOnWriteStateMap cm

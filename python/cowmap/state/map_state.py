@@ -370,11 +370,7 @@ class MapState(AsyncMapMethods, State):
             return None  # let the requests fail one by one
         t = self._t
         kgs, keys, nss = request_columns(reqs)
-        for kg in set(kgs):
-            if t.maps[kg] is None:
-                t.map_for_write(kg)
-        if t.cleanup_size:
-            t.tick(len(reqs))
+        t.prepare_batch_write(kgs)
         ctxs = map_contexts(keys, nss, VOID_NAMESPACE, _NS)
         values = request_args(reqs, 1)
         ts = self._b._time() if t.ttl else NO_TIMESTAMP

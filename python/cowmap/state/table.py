@@ -134,6 +134,15 @@ class StateTable:
         if self.ticks <= 0:
             self.run_cleanup()
 
+    def prepare_batch_write(self, kgs: list[int]) -> None:
+        """Make the maps a batch of writes to key groups ``kgs`` needs, and count
+        its accesses for incremental cleanup (one per write)."""
+        for kg in set(kgs):
+            if self.maps[kg] is None:
+                self.map_for_write(kg)
+        if self.cleanup_size:
+            self.tick(len(kgs))
+
     def tick(self, n: int) -> None:
         """``n`` accesses' worth of cleanup steps at once (a batch of requests)."""
         self.ticks -= n

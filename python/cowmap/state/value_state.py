@@ -107,11 +107,7 @@ class ValueState(AsyncValueMethods, State):
             return None  # update(None) is clear(): let the requests run one by one
         t = self._t
         kgs, keys, nss = request_columns(reqs)
-        for kg in set(kgs):
-            if t.maps[kg] is None:
-                t.map_for_write(kg)
-        if t.cleanup_size:
-            t.tick(len(reqs))
+        t.prepare_batch_write(kgs)
         multi_put(t.maps, kgs, keys, nss, values, self._b._time() if t.ttl else NO_TIMESTAMP)
         return [None] * len(reqs)
 
