@@ -10,57 +10,19 @@ The Python API lives in ``cowmap.asyncstate`` (future.py, controller.py) and
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
 
+from cpython.ref cimport PyObject
+
 cdef extern from "Python.h":
     int Py_EnterRecursiveCall(const char *where)  # nonzero: RecursionError set
     void Py_LeaveRecursiveCall()
-from cpython.ref cimport PyObject
+    PyObject *PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
 
-cdef extern from *:
-    """
-    #include "structmember.h"
-    #ifndef PY_AUDIT_READ
-    #define PY_AUDIT_READ READ_RESTRICTED
-    #endif
-
-    /* A cached read of a __slots__ attribute: the member's offset, cached for one
-       exact type and its version tag (CPython gives a type a new tag whenever it
-       or a base changes, so a stale entry never matches). */
-    typedef struct { PyTypeObject *type; unsigned int tag; Py_ssize_t offset; } cowmap_slot_cache;
-
-    /* obj.<name>: new reference, or NULL with an exception set. Anything but a
-       plain T_OBJECT_EX member of a type using the generic getattr takes the
-       ordinary PyObject_GetAttr path (with its errors). */
-    static PyObject *cowmap_slot_get(PyObject *obj, PyObject *name, cowmap_slot_cache *c) {
-        PyTypeObject *t = Py_TYPE(obj);
-        if (t == c->type && c->tag != 0 && t->tp_version_tag == c->tag
-                && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG)) {
-            PyObject *v = *(PyObject **)((char *)obj + c->offset);
-            if (v != NULL) {
-                Py_INCREF(v);
-                return v;
-            }
-        } else if (t->tp_getattro == PyObject_GenericGetAttr) {
-            PyObject *d = _PyType_Lookup(t, name);  /* borrowed; gives t a version tag */
-            /* only a member of t or a base: a descriptor copied from another
-               class has an offset that means nothing in t's instances */
-            if (d != NULL && Py_TYPE(d) == &PyMemberDescr_Type
-                    && PyType_IsSubtype(t, ((PyDescrObject *)d)->d_type)
-                    && (t->tp_flags & Py_TPFLAGS_VALID_VERSION_TAG) && t->tp_version_tag != 0) {
-                PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-                if (m->type == T_OBJECT_EX && (m->flags & PY_AUDIT_READ) == 0) {
-                    c->type = t;
-                    c->tag = t->tp_version_tag;
-                    c->offset = m->offset;
-                }
-            }
-        }
-        return PyObject_GetAttr(obj, name);
-    }
-    """
+cdef extern from "slots.h":
     ctypedef struct cowmap_slot_cache:
         pass
-    PyObject *PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
     object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
+
+from cowmap._keygroups cimport key_group_in_range, switch_key
 
 import collections
 import enum
@@ -556,23 +518,17 @@ cdef inline bint _runs_user_code(StateFuture f):
         f = d
 
 
+cdef cowmap_slot_cache _key_get
+cdef str _KEY = "_key"
+
+
 cdef inline int _switch_key(AsyncExecutionController aec, RecordContext ctx) except -1:
     """Make ``ctx``'s key current on the backend before a record's callbacks run
-    (Flink switches the key with the record context). What set_current_key does,
-    minus what process() already did for this key (the key group, the range
-    check): a completion pays two attribute writes, not a key-group hash."""
+    (Flink switches the key with the record context): ``set_current_key`` minus
+    what process() already did for this key (its key group, the range check)."""
     backend = aec.backend
-    if backend._key is ctx.key:
-        return 0
-    if backend is not aec._cleanups_of:  # the backend's list of every-record TTL cleanups
-        aec._cleanups = backend._record_cleanups
-        aec._cleanups_of = backend
-    if aec._cleanups:  # TTL cleanup on every key switch: the full path
-        backend.set_current_key(ctx.key)
-        return 0
-    backend._key = ctx.key
-    backend._kg = ctx.key_group
-    backend._epoch += 1  # states cache per-key data by it
+    if cowmap_slot_get(backend, _KEY, &_key_get) is not ctx.key:
+        switch_key(backend, ctx.key, ctx.key_group)
     return 0
 
 
@@ -739,8 +695,6 @@ cdef class AsyncExecutionController:
     cdef object _epochs
     cdef Py_ssize_t _buffer_seq
     cdef Py_ssize_t _wave_seq
-    cdef object _cleanups_of  # the backend whose _record_cleanups list _cleanups is
-    cdef object _cleanups
     cdef unsigned long _task_thread
     # the first exception a user callback raised in the batch being run (it is
     # raised once the whole batch ran) and the first the controller ever saw
@@ -829,11 +783,12 @@ cdef class AsyncExecutionController:
             if not self._make_progress():
                 raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")
         backend = self.backend
-        backend.set_current_key(key)  # validates the key and gives its key group
+        kg = key_group_in_range(backend, key)  # validates the key
+        switch_key(backend, key, kg)  # (backend.set_current_key, without the Python call)
         ctx = RecordContext.__new__(RecordContext)
         ctx.record = record
         ctx.key = key
-        ctx.key_group = backend._kg
+        ctx.key_group = kg
         ctx.epoch = self._epoch
         ctx.priority = priority
         ctx.refs = 1  # held while fn runs
@@ -1260,7 +1215,9 @@ cdef bint _first_use_in_wave(RecordContext ctx, state) except -1:
 
 cdef cowmap_slot_cache _b_slot
 cdef cowmap_slot_cache _ns_slot
+cdef cowmap_slot_cache _aec_get
 cdef str _B = "_b"
+cdef str _AEC = "_aec"
 cdef str _NS = "_ns"
 
 
@@ -1271,7 +1228,7 @@ cdef AsyncExecutionController _aec_of(state):
         if hasattr(type(state), _B):  # a state, with the slot unset
             raise
         raise TypeError(f"async state methods need a state, not {type(state).__name__}") from None
-    aec = b._aec
+    aec = cowmap_slot_get(b, _AEC, &_aec_get)
     if aec is None:
         raise RuntimeError(
             f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"

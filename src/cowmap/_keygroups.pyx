@@ -1,14 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
-"""Stable key hashes and Flink's key-group assignment, compiled (see keyhash.h)."""
+"""Stable key hashes and Flink's key-group assignment, compiled (see keyhash.h), and
+the current-key switch of a ``KeyedStateBackend`` built on them."""
 
 from libc.stdint cimport int32_t, int64_t
-
 
 
 cdef extern from "keyhash.h":
     int32_t kh_murmur(int32_t code)
     int32_t kh_int64(int64_t v)
     int kh_hash(object key, int32_t *out, int depth) except -1
+
+cdef extern from "slots.h":
+    ctypedef struct cowmap_slot_cache:
+        pass
+    object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
+    int cowmap_slot_set(object obj, object name, cowmap_slot_cache *c, object v) except -1
 
 
 cdef inline int _check_max_parallelism(long max_parallelism) except -1:
@@ -70,3 +76,51 @@ def key_groups_for(keys, long max_parallelism):
         kh_hash(seq[i], &h, 0)
         out[i] = kh_murmur(h) % max_parallelism
     return result
+
+
+# ------------------------------------------------------------ the backend's current key
+# KeyedStateBackend keeps these in __slots__; set_current_key is the hottest call of
+# the sync path and the controller switches keys for every record, so both are C.
+
+cdef str _KEY = "_key"
+cdef str _KG = "_kg"
+cdef str _EPOCH = "_epoch"
+cdef str _CLEANUPS = "_record_cleanups"
+cdef str _MAXP = "max_parallelism"
+cdef str _LO = "_lo"
+cdef str _HI = "_hi"
+cdef cowmap_slot_cache _key_set, _kg_set, _epoch_get, _epoch_set, _cleanups_get
+cdef cowmap_slot_cache _maxp_get, _lo_get, _hi_get
+
+
+cdef int switch_key(object backend, object key, object key_group) except -1:
+    """Make ``key`` (already validated, of ``key_group``) current on ``backend``:
+    the last steps of ``set_current_key``, which the async controller also takes
+    for keys it validated before."""
+    cowmap_slot_set(backend, _KEY, &_key_set, key)
+    cowmap_slot_set(backend, _KG, &_kg_set, key_group)
+    # states cache per-key data by the epoch
+    cowmap_slot_set(backend, _EPOCH, &_epoch_set, cowmap_slot_get(backend, _EPOCH, &_epoch_get) + 1)
+    cleanups = cowmap_slot_get(backend, _CLEANUPS, &_cleanups_get)
+    if cleanups:  # TTL states that clean up on every record
+        for t in cleanups:
+            t.cleanup_step()
+    return 0
+
+
+cdef object key_group_in_range(object backend, object key):
+    """The key group of ``key`` on ``backend``; ValueError if the backend does not own it."""
+    cdef int32_t h = 0
+    cdef long maxp = cowmap_slot_get(backend, _MAXP, &_maxp_get)
+    kh_hash(key, &h, 0)  # TypeError for None / unhashable keys
+    cdef long kg = kh_murmur(h) % maxp
+    if not cowmap_slot_get(backend, _LO, &_lo_get) <= kg <= cowmap_slot_get(backend, _HI, &_hi_get):
+        raise ValueError(
+            f"key {key!r} is in key group {kg}, outside this backend's range {backend.key_group_range}"
+        )
+    return kg
+
+
+def set_current_key(backend, key):
+    """Make ``key`` the key that state accesses read and write."""
+    switch_key(backend, key, key_group_in_range(backend, key))

@@ -113,3 +113,34 @@ def test_a_context_without_retain_and_release_is_a_type_error() -> None:
     assert ctx.refs == 1
     f.complete(None)
     assert ctx.refs == 0
+
+
+class _PropertyKeyBackend(KeyedStateBackend):
+    """A subclass whose current key is a property: the controller's compiled key
+    switch must go through it (no cached slot offset for another layout)."""
+
+    @property  # type: ignore[override]
+    def _key(self) -> Any:
+        return self.__dict__.get("k")
+
+    @_key.setter
+    def _key(self, key: Any) -> None:
+        self.__dict__["k"] = key
+
+
+@pytest.mark.parametrize("cls", [KeyedStateBackend, _PropertyKeyBackend])
+def test_controllers_over_backend_subclasses_count_per_key(cls: type[KeyedStateBackend]) -> None:
+    runs = []
+    for b in (cls(), KeyedStateBackend(), _PropertyKeyBackend()):  # interleaved layouts
+        s = b.get_state(ValueStateDescriptor("c", default_value=0))
+        runs.append((b, s, AsyncExecutionController(b, batch_size=7, buffer_timeout_ms=0)))
+    keys = [k % 13 for k in range(200)]
+    for k in keys:
+        for b, s, aec in runs:
+            aec.process(k, lambda _, s=s, b=b, k=k: s.async_value().then_compose(
+                lambda n: (b.get_current_key() == k or pytest.fail("wrong key current")) and s.async_update(n + 1)))
+    for b, s, aec in runs:
+        aec.drain()
+        for k in range(13):
+            b.set_current_key(k)
+            assert s.value() == keys.count(k)

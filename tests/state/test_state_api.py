@@ -23,6 +23,7 @@ from cowmap.state import (
     AggregatingStateDescriptor,
     KeyedStateBackend,
     KeyedStateSnapshot,
+    KeyGroupRange,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
@@ -31,6 +32,7 @@ from cowmap.state import (
     TtlTimeCharacteristic,
     UpdateType,
     ValueStateDescriptor,
+    key_group_for,
 )
 
 
@@ -890,3 +892,53 @@ def test_default_time_provider_is_the_wall_clock_in_ms() -> None:
     t1 = time.time_ns() // 1_000_000
     ts = backend._tables["v"].maps[backend._kg].timestamp("k", VOID_NAMESPACE)  # type: ignore[union-attr]
     assert t0 <= ts <= t1
+
+
+class _BackendSubclass(KeyedStateBackend):
+    """A user's subclass: the compiled key switch caches slot offsets per exact type."""
+
+    __slots__ = ("extra",)
+
+
+class _KeyLoggingBackend(KeyedStateBackend):
+    """A subclass that intercepts the current key with a property (and has a __dict__)."""
+
+    @property  # type: ignore[override]
+    def _key(self) -> Any:
+        return self.__dict__.get("logged_key")
+
+    @_key.setter
+    def _key(self, key: Any) -> None:
+        self.__dict__.setdefault("log", []).append(key)
+        self.__dict__["logged_key"] = key
+
+
+@pytest.mark.parametrize("cls", [KeyedStateBackend, _BackendSubclass, _KeyLoggingBackend])
+def test_set_current_key_on_backend_subclasses(cls: type[KeyedStateBackend]) -> None:
+    backends = [cls(), KeyedStateBackend(), _BackendSubclass()]  # interleaved types
+    states = [b.get_state(ValueStateDescriptor("v", default_value=0)) for b in backends]
+    for rnd in range(3):
+        for k in range(20):
+            for b, s in zip(backends, states):
+                b.set_current_key(k)
+                assert b.get_current_key() == k
+                assert b.get_current_key_group() == key_group_for(k, b.max_parallelism)
+                s.update(s.value() + k)
+    for b, s in zip(backends, states):
+        for k in range(20):
+            b.set_current_key(k)
+            assert s.value() == 3 * k
+    if cls is _KeyLoggingBackend:
+        assert backends[0].__dict__["log"][:4] == [None, 0, 1, 2]  # (None: set by __init__)
+
+
+def test_set_current_key_outside_the_range_names_it_and_keeps_the_old_key() -> None:
+    backend = KeyedStateBackend(max_parallelism=128, key_group_range=KeyGroupRange(0, 9))
+    inside = next(k for k in range(1000) if key_group_for(k, 128) <= 9)
+    outside = next(k for k in range(1000) if key_group_for(k, 128) > 9)
+    backend.set_current_key(inside)
+    with pytest.raises(ValueError, match=rf"key {outside} is in key group \d+, outside this backend's range"):
+        backend.set_current_key(outside)
+    assert backend.get_current_key() == inside
+    with pytest.raises(AttributeError):
+        backend.anything_else = 1  # type: ignore[attr-defined]  # slots: no stray attributes

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from cowmap._core import wall_clock_ms
-from cowmap._keygroups import key_group_for
+from cowmap._keygroups import set_current_key as _set_current_key
 from cowmap.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -49,6 +49,23 @@ class KeyedStateBackend:
     Not thread-safe: use a backend from one thread (snapshots may be read from others).
     """
 
+    # slots, not a __dict__: the compiled key switch (cowmap._keygroups) and the
+    # async controller read and write the current-key fields at fixed offsets
+    __slots__ = (
+        "max_parallelism",
+        "key_group_range",
+        "_lo",
+        "_hi",
+        "_time",
+        "_key",
+        "_kg",
+        "_epoch",
+        "_tables",
+        "_views",
+        "_record_cleanups",
+        "_aec",
+    )
+
     def __init__(
         self,
         max_parallelism: int = 128,
@@ -80,21 +97,10 @@ class KeyedStateBackend:
 
     # ------------------------------------------------------------ key context
 
-    def set_current_key(self, key: Any) -> None:
-        """Make ``key`` the key that state accesses read and write.
-
-        (The async controller's ``_switch_key`` repeats the last steps for keys
-        it already validated here: keep the two in step.)"""
-        kg = key_group_for(key, self.max_parallelism)  # TypeError for None / unhashable keys
-        if not self._lo <= kg <= self._hi:
-            raise ValueError(
-                f"key {key!r} is in key group {kg}, outside this backend's range {self.key_group_range}"
-            )
-        self._key = key
-        self._kg = kg
-        self._epoch += 1
-        for t in self._record_cleanups:
-            t.cleanup_step()
+    #: ``set_current_key(key)``: make ``key`` the key that state accesses read and
+    #: write (``TypeError`` for None / unhashable keys, ``ValueError`` for a key
+    #: outside the backend's key-group range). Compiled: the hottest sync call.
+    set_current_key = _set_current_key
 
     def get_current_key(self) -> Any:
         return self._key

@@ -1,0 +1,4 @@
+# The current-key switch of a KeyedStateBackend, for the async controller (_async.pyx).
+
+cdef int switch_key(object backend, object key, object key_group) except -1
+cdef object key_group_in_range(object backend, object key)
