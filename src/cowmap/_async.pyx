@@ -11,11 +11,16 @@ cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
 
 from cpython.ref cimport PyObject
+from cpython.weakref cimport PyWeakref_CheckRef
 
 cdef extern from "Python.h":
     int Py_EnterRecursiveCall(const char *where)  # nonzero: RecursionError set
     void Py_LeaveRecursiveCall()
     PyObject *PyDict_SetDefault(object d, object key, object default) except NULL  # borrowed
+    void PyObject_GC_Track(object o)
+    void PyObject_GC_UnTrack(object o)
+    bint PyObject_GC_IsTracked(object o)
+    PyObject *PyWeakref_GetObject(object ref) except NULL  # borrowed; None once dead
 
 cdef extern from "slots.h":
     ctypedef struct cowmap_slot_cache:
@@ -27,12 +32,64 @@ from cowmap._keygroups cimport key_group_in_range, switch_key
 import collections
 import enum
 import threading
+import weakref
 
 cdef class StateFuture
 cdef class RecordContext
 cdef class AsyncExecutionController
 
 cdef object _PENDING = object()  # the result of a pending future
+
+
+# ------------------------------------------------------------ GC visibility
+# The controller keeps thousands of requests, derived futures and record contexts
+# in flight; tracked by the cyclic GC, each young collection would walk them all
+# (about a sixth of the async path's time). So the ones it makes are untracked
+# while in flight, under one invariant: every untracked future is pending and
+# reachable from a request in the controller's buffers (active, blocking) through
+# the callback links (_cb, _cbs, _aux) of untracked futures, and every untracked
+# record context is in flight and referenced by them or the controller. A future
+# is tracked again when it completes, when it becomes a callback of a tracked
+# future, or when it is posted as a mail; a context when it is disposed; and all
+# of them when the controller is deallocated or a batch fails. Neither contexts
+# nor the backend hold the controller strongly (weak references), so a dropped
+# controller is freed by reference counting and can hand its in-flight objects
+# back to the GC.
+
+cdef inline int _untrack(object o) except -1:
+    if PyObject_GC_IsTracked(o):
+        PyObject_GC_UnTrack(o)
+    return 0
+
+
+cdef inline int _track(object o) except -1:
+    if not PyObject_GC_IsTracked(o):
+        PyObject_GC_Track(o)
+    return 0
+
+
+cdef int _track_tree(StateFuture root) except -1:
+    """Track ``root`` and the untracked futures (and contexts) linked from it."""
+    cdef StateFuture f
+    cdef list todo
+    if PyObject_GC_IsTracked(root):
+        return 0
+    todo = [root]
+    while todo:
+        f = <StateFuture>todo.pop()
+        if PyObject_GC_IsTracked(f):
+            continue
+        PyObject_GC_Track(f)
+        if type(f._ctx) is RecordContext:
+            _track(f._ctx)
+        for link in (f._cb, f._aux):
+            if type(link) is StateFuture and not PyObject_GC_IsTracked(link):
+                todo.append(link)
+        if f._cbs is not None:
+            for link in f._cbs:
+                if type(link) is StateFuture and not PyObject_GC_IsTracked(link):
+                    todo.append(link)
+    return 0
 
 
 cdef inline int _retain(object ctx) except -1:
@@ -55,9 +112,11 @@ cdef int _release_record(RecordContext rc) except -1:
     if rc.refs == 0:
         # a record is disposed once: a context already disposed is not counted
         # again (see _new_future), and if it is, reaching 0 again does nothing
-        if rc._aec is not None and not rc._disposed:
-            rc._disposed = True
-            (<AsyncExecutionController>rc._aec)._dispose(rc)
+        if not rc._disposed:
+            aec = _controller_of(rc)
+            if aec is not None:
+                rc._disposed = True
+                (<AsyncExecutionController>aec)._dispose(rc)
     elif rc.refs < 0:
         raise RuntimeError("record context released more often than retained")
     return 0
@@ -74,7 +133,7 @@ cdef class RecordContext:
     cdef public object priority
     cdef public Py_ssize_t refs
     cdef public bint holds_key
-    cdef readonly AsyncExecutionController _aec
+    cdef object _aec_ref  # a weak reference to the controller (see "GC visibility"), or None
     # set when the record is finished (its count reached 0 and the controller
     # disposed it): it is never referenced or disposed again
     cdef readonly bint _disposed
@@ -96,7 +155,12 @@ cdef class RecordContext:
         self.refs = 0
         self.holds_key = False
         self._disposed = False
-        self._aec = aec
+        self._aec_ref = None if aec is None else (<AsyncExecutionController>aec)._self_ref
+
+    @property
+    def _aec(self):
+        """The controller of this record (None without one, or once it is gone)."""
+        return _controller_of(self)
 
     def retain(self):
         self.refs += 1
@@ -125,6 +189,13 @@ cdef enum:
     K_COND_COMPOSE = 9   # branch(r) is a future: then K_COND_FORWARD on it
     K_COND_FORWARD = 10  # (the condition in _val, the inner future's result)
     K_TO_LIST = 11       # [] if result is None else list(result)
+
+
+cdef inline object _controller_of(RecordContext rc):
+    """``rc``'s controller, or None."""
+    if rc._aec_ref is None:
+        return None
+    return <object>PyWeakref_GetObject(rc._aec_ref)
 
 
 @cython.freelist(4096)
@@ -224,6 +295,7 @@ cdef class StateFuture:
         self._result = value
         self._exc = exc
         self._done = True
+        _track(self)  # (see "GC visibility")
         cb = self._cb
         cbs = self._cbs
         self._cb = None
@@ -268,6 +340,8 @@ cdef class StateFuture:
             return _run_callback(cb, self)
         if self._ctx is not None:
             _retain(self._ctx)  # released by _set once cb has run
+        if type(cb) is StateFuture and PyObject_GC_IsTracked(self):
+            _track_tree(<StateFuture>cb)  # no longer reachable from the controller only
         if self._cb is None and self._cbs is None:
             self._cb = cb
         elif self._cbs is None:
@@ -284,6 +358,8 @@ cdef class StateFuture:
     cdef StateFuture _then(self, int kind, fn, fn2, fn3):
         """A derived future completed by step ``kind`` once this one completes."""
         cdef StateFuture out = _new_future(self._mailbox, self._ctx)
+        if not PyObject_GC_IsTracked(self):
+            _untrack(out)  # reachable from self's links, as self is from the controller's buffers
         out._kind = kind
         out._fn = fn
         out._fn2 = fn2
@@ -473,14 +549,17 @@ cdef inline int _run_callback(cb, StateFuture src) except -1:
 
 def _post_step(mb, StateFuture f, StateFuture src):
     """Run ``f``'s step on ``src`` as a mail on the task thread (see StateFuture._step)."""
+    _track_tree(f)  # held by the mail now, not the controller's buffers
     mb.post(lambda: _resume_step(f, src))
 
 
 cdef int _resume_step(StateFuture f, StateFuture src) except -1:
     """``f``'s step on the task thread, with its record current if it has one."""
     ctx = f._ctx
-    if type(ctx) is RecordContext and (<RecordContext>ctx)._aec is not None:
-        return (<RecordContext>ctx)._aec._step_in_record(f, src)
+    if type(ctx) is RecordContext:
+        aec = _controller_of(<RecordContext>ctx)
+        if aec is not None:
+            return (<AsyncExecutionController>aec)._step_in_record(f, src)
     return f._step(src)
 
 
@@ -664,6 +743,7 @@ cdef inline bint _same_group(StateFuture a, StateFuture b):
     return a._state is b._state and (a._op is b._op or a._op == b._op)
 
 
+@cython.no_gc_clear  # its buffers must outlive a GC clear: __dealloc__ walks them
 cdef class AsyncExecutionController:
     """Runs the async state requests of records, one record per key at a time.
 
@@ -696,6 +776,8 @@ cdef class AsyncExecutionController:
     cdef Py_ssize_t _buffer_seq
     cdef Py_ssize_t _wave_seq
     cdef unsigned long _task_thread
+    cdef object _self_ref  # weakref.ref(self): what contexts and the backend hold
+    cdef object __weakref__
     # the first exception a user callback raised in the batch being run (it is
     # raised once the whole batch ran) and the first the controller ever saw
     # come out of a batch or a mail (drain raises it rather than wait for ever)
@@ -738,7 +820,29 @@ cdef class AsyncExecutionController:
         self.requests_run = 0
         #: calls made into the state layer to run requests (a vectorised group counts once)
         self.core_calls = 0
-        backend._aec = self
+        self._self_ref = weakref.ref(self)
+        backend._aec = self._self_ref  # weak (see "GC visibility")
+
+    def __dealloc__(self):
+        # dropped with records in flight: hand their futures and contexts back
+        # to the GC, which can then collect any cycles through them
+        self._track_in_flight()
+
+    cdef int _track_in_flight(self) except -1:
+        """Track every in-flight future and context (see "GC visibility")."""
+        if self._active is not None:
+            for r in self._active:
+                _track_tree(<StateFuture>r)
+        if self._blocking is not None:
+            for q in self._blocking.values():
+                for r in q:
+                    _track_tree(<StateFuture>r)
+        if self._holders is not None:
+            for ctx in self._holders.values():
+                _track(ctx)
+        if self._current is not None:
+            _track(self._current)
+        return 0
 
     # ------------------------------------------------------------ gauges
 
@@ -792,7 +896,8 @@ cdef class AsyncExecutionController:
         ctx.epoch = self._epoch
         ctx.priority = priority
         ctx.refs = 1  # held while fn runs
-        ctx._aec = self
+        ctx._aec_ref = self._self_ref
+        _untrack(ctx)  # (see "GC visibility")
         self._epoch.records += 1
         self._in_flight += 1
         previous = self._current
@@ -830,6 +935,7 @@ cdef class AsyncExecutionController:
                     raise
                 raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
         req = _new_future(self.mailbox, ctx)
+        _untrack(req)  # (see "GC visibility")
         req._state = state
         req._op = op
         req._args = args
@@ -868,6 +974,7 @@ cdef class AsyncExecutionController:
     cdef int _dispose(self, RecordContext ctx) except -1:
         cdef _Epoch ep
         cdef object error = None
+        _track(ctx)  # out of flight (see "GC visibility")
         self._in_flight -= 1
         if ctx.holds_key:
             ctx.holds_key = False
@@ -931,8 +1038,14 @@ cdef class AsyncExecutionController:
         n = len(batch)
         self.requests_run += n
         self._batch_error = None
-        while batch:
-            batch = self._run_wave(batch)
+        try:
+            while batch:
+                batch = self._run_wave(batch)
+        except BaseException:
+            # requests of the batch not completed are in none of the buffers now
+            for r in batch:
+                _track_tree(<StateFuture>r)
+            raise
         exc = self._batch_error
         if exc is not None:
             self._batch_error = None
@@ -1101,15 +1214,17 @@ cdef class AsyncExecutionController:
     def _arm_timeout(self):
         seq = self._buffer_seq
         mailbox = self.mailbox
+        ref = self._self_ref  # a pending timer does not keep the controller alive
 
         def fire():
-            mailbox.post(lambda: self._on_timeout(seq))
+            mailbox.post(lambda: _on_timeout(ref, seq))
 
         timer = threading.Timer(self.buffer_timeout_ms / 1000.0, fire)
         timer.daemon = True
         timer.start()
 
     def _on_timeout(self, seq):
+        """Run the batch buffered at sequence ``seq`` if it has not run yet."""
         if seq == self._buffer_seq and self._active:  # else that batch already ran
             self.trigger()
 
@@ -1180,6 +1295,12 @@ cdef class AsyncExecutionController:
         return 0
 
 
+def _on_timeout(ref, seq):
+    aec = ref()
+    if aec is not None:  # (else the controller is gone, and its batch with it)
+        aec._on_timeout(seq)
+
+
 cdef cowmap_slot_cache _t_slot
 cdef str _T = "_t"
 
@@ -1229,6 +1350,8 @@ cdef AsyncExecutionController _aec_of(state):
             raise
         raise TypeError(f"async state methods need a state, not {type(state).__name__}") from None
     aec = cowmap_slot_get(b, _AEC, &_aec_get)
+    if PyWeakref_CheckRef(aec):
+        aec = <object>PyWeakref_GetObject(aec)
     if aec is None:
         raise RuntimeError(
             f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"

@@ -84,12 +84,11 @@ def key_groups_for(keys, long max_parallelism):
 
 cdef str _KEY = "_key"
 cdef str _KG = "_kg"
-cdef str _EPOCH = "_epoch"
 cdef str _CLEANUPS = "_record_cleanups"
 cdef str _MAXP = "max_parallelism"
 cdef str _LO = "_lo"
 cdef str _HI = "_hi"
-cdef cowmap_slot_cache _key_set, _kg_set, _epoch_get, _epoch_set, _cleanups_get
+cdef cowmap_slot_cache _key_set, _kg_set, _cleanups_get
 cdef cowmap_slot_cache _maxp_get, _lo_get, _hi_get
 
 
@@ -99,8 +98,6 @@ cdef int switch_key(object backend, object key, object key_group) except -1:
     for keys it validated before."""
     cowmap_slot_set(backend, _KEY, &_key_set, key)
     cowmap_slot_set(backend, _KG, &_kg_set, key_group)
-    # states cache per-key data by the epoch
-    cowmap_slot_set(backend, _EPOCH, &_epoch_set, cowmap_slot_get(backend, _EPOCH, &_epoch_get) + 1)
     cleanups = cowmap_slot_get(backend, _CLEANUPS, &_cleanups_get)
     if cleanups:  # TTL states that clean up on every record
         for t in cleanups:
@@ -112,9 +109,11 @@ cdef object key_group_in_range(object backend, object key):
     """The key group of ``key`` on ``backend``; ValueError if the backend does not own it."""
     cdef int32_t h = 0
     cdef long maxp = cowmap_slot_get(backend, _MAXP, &_maxp_get)
+    cdef long lo = cowmap_slot_get(backend, _LO, &_lo_get)
+    cdef long hi = cowmap_slot_get(backend, _HI, &_hi_get)
     kh_hash(key, &h, 0)  # TypeError for None / unhashable keys
     cdef long kg = kh_murmur(h) % maxp
-    if not cowmap_slot_get(backend, _LO, &_lo_get) <= kg <= cowmap_slot_get(backend, _HI, &_hi_get):
+    if not lo <= kg <= hi:
         raise ValueError(
             f"key {key!r} is in key group {kg}, outside this backend's range {backend.key_group_range}"
         )

@@ -42,25 +42,44 @@ static void cowmap_slot_fill(PyTypeObject *t, PyObject *name, cowmap_slot_cache 
     }
 }
 
-/* obj.<name>: new reference, or NULL with an exception set. */
-static PyObject *cowmap_slot_get(PyObject *obj, PyObject *name, cowmap_slot_cache *c) {
+#if defined(__GNUC__)
+#define COWMAP_NOINLINE __attribute__((noinline))
+#else
+#define COWMAP_NOINLINE
+#endif
+
+/* The misses: (re)fill the cache, then the ordinary attribute access. */
+static COWMAP_NOINLINE PyObject *cowmap_slot_get_slow(PyObject *obj, PyObject *name, cowmap_slot_cache *c) {
     PyTypeObject *t = Py_TYPE(obj);
-    if (cowmap_slot_hit(t, c)) {
-        PyObject *v = *(PyObject **)((char *)obj + c->offset);
-        if (v != NULL) {
-            Py_INCREF(v);
-            return v;
-        }
-    } else if (t->tp_getattro == PyObject_GenericGetAttr) {
+    if (!cowmap_slot_hit(t, c) && t->tp_getattro == PyObject_GenericGetAttr) {
         cowmap_slot_fill(t, name, c, 0);
     }
     return PyObject_GetAttr(obj, name);
 }
 
-/* obj.<name> = v: 0, or -1 with an exception set. */
-static int cowmap_slot_set(PyObject *obj, PyObject *name, cowmap_slot_cache *c, PyObject *v) {
+static COWMAP_NOINLINE int cowmap_slot_set_slow(PyObject *obj, PyObject *name, cowmap_slot_cache *c, PyObject *v) {
     PyTypeObject *t = Py_TYPE(obj);
-    if (cowmap_slot_hit(t, c)) {
+    if (!cowmap_slot_hit(t, c) && t->tp_setattro == PyObject_GenericSetAttr) {
+        cowmap_slot_fill(t, name, c, 1);
+    }
+    return PyObject_SetAttr(obj, name, v);
+}
+
+/* obj.<name>: new reference, or NULL with an exception set. */
+static inline PyObject *cowmap_slot_get(PyObject *obj, PyObject *name, cowmap_slot_cache *c) {
+    if (cowmap_slot_hit(Py_TYPE(obj), c)) {
+        PyObject *v = *(PyObject **)((char *)obj + c->offset);
+        if (v != NULL) {
+            Py_INCREF(v);
+            return v;
+        }
+    }
+    return cowmap_slot_get_slow(obj, name, c);  /* (an unset slot: its AttributeError) */
+}
+
+/* obj.<name> = v: 0, or -1 with an exception set. */
+static inline int cowmap_slot_set(PyObject *obj, PyObject *name, cowmap_slot_cache *c, PyObject *v) {
+    if (cowmap_slot_hit(Py_TYPE(obj), c)) {
         PyObject **p = (PyObject **)((char *)obj + c->offset);
         PyObject *old = *p;
         Py_INCREF(v);
@@ -68,10 +87,7 @@ static int cowmap_slot_set(PyObject *obj, PyObject *name, cowmap_slot_cache *c, 
         Py_XDECREF(old);
         return 0;
     }
-    if (t->tp_setattro == PyObject_GenericSetAttr) {
-        cowmap_slot_fill(t, name, c, 1);
-    }
-    return PyObject_SetAttr(obj, name, v);
+    return cowmap_slot_set_slow(obj, name, c, v);
 }
 
 #endif

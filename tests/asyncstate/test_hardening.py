@@ -4,6 +4,8 @@ take lists."""
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -144,3 +146,107 @@ def test_controllers_over_backend_subclasses_count_per_key(cls: type[KeyedStateB
         for k in range(13):
             b.set_current_key(k)
             assert s.value() == keys.count(k)
+
+
+# ---------------------------------------------------------------- GC visibility
+# In-flight futures and contexts are untracked by the cyclic GC (see _async.pyx,
+# "GC visibility"); these check that nothing is freed early and nothing leaks.
+
+
+class _Payload:
+    """A weakly referenceable marker for what a record's callbacks hold."""
+
+
+def _cyclic_records(aec: AsyncExecutionController, s: Any, n: int, payloads: list[Any]) -> None:
+    """Records whose futures sit in reference cycles with their callbacks."""
+
+    def fn(_: Any) -> None:
+        p = _Payload()
+        payloads.append(weakref.ref(p))
+        f = s.async_value()
+        p.f = f  # payload -> future -> derived -> callback -> payload
+        f.then_accept(lambda v, p=p: p)
+        f.then_compose(lambda v, p=p: s.async_update((v or 0) + 1))
+
+    for k in range(n):
+        aec.process(k % 7, fn)
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_a_dropped_controller_and_its_cycles_are_collected(drain: bool) -> None:
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c"))
+    aec = AsyncExecutionController(b, batch_size=10, buffer_timeout_ms=0)
+    payloads: list[Any] = []
+    _cyclic_records(aec, s, 100, payloads)
+    assert aec.in_flight_records > 0
+    if drain:
+        aec.drain()
+    gone = [weakref.ref(aec), weakref.ref(b)]
+    del aec, b, s
+    gc.collect()
+    assert [r() for r in gone] == [None, None]
+    assert all(p() is None for p in payloads)
+
+
+def test_collections_during_processing_free_nothing_in_flight() -> None:
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c", default_value=0))
+    aec = AsyncExecutionController(b, batch_size=16, buffer_timeout_ms=0)
+    seen: list[int] = []
+
+    def fn(_: Any) -> None:
+        marker = [_Payload()]  # only the chain's callbacks hold it
+
+        def after(v: int) -> Any:
+            gc.collect()
+            assert isinstance(marker[0], _Payload)
+            return s.async_update(v + 1).then_accept(lambda _: seen.append(v))
+
+        s.async_value().then_compose(after)
+
+    keys = [k % 5 for k in range(300)]
+    for i, k in enumerate(keys):
+        aec.process(k, fn)
+        if i % 37 == 0:
+            gc.collect()
+    aec.drain()
+    assert len(seen) == len(keys) and aec.in_flight_records == 0
+    for k in range(5):
+        b.set_current_key(k)
+        assert s.value() == keys.count(k)
+
+
+def test_a_failed_controller_dropped_with_records_in_flight_is_collected() -> None:
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c"))
+    aec = AsyncExecutionController(b, batch_size=10, buffer_timeout_ms=0)
+    payloads: list[Any] = []
+    _cyclic_records(aec, s, 30, payloads)
+    aec.process(99, lambda _: s.async_value().then_accept(lambda v: 1 / 0))
+    with pytest.raises(ZeroDivisionError):
+        aec.drain()
+    gone = [weakref.ref(aec), weakref.ref(b)]
+    del aec, b, s
+    gc.collect()
+    assert [r() for r in gone] == [None, None]
+    assert all(p() is None for p in payloads)
+
+
+def test_a_future_kept_after_its_controller_is_gone_stays_usable() -> None:
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c"))
+    aec = AsyncExecutionController(b, buffer_timeout_ms=0)
+    kept: list[Any] = []
+    aec.process("k", lambda _: kept.append(s.async_value()))
+    ctx = kept[0]._ctx
+    assert ctx._aec is aec
+    del aec
+    gc.collect()
+    (f,) = kept
+    assert not f.is_done() and ctx._aec is None
+    derived = f.then_apply(lambda v: v)
+    f.complete(5)  # completing it now runs its callbacks, with no controller to report to
+    assert derived.get() == 5
+    with pytest.raises(RuntimeError, match="need an AsyncExecutionController"):
+        s.async_value()

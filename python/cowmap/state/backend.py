@@ -59,11 +59,11 @@ class KeyedStateBackend:
         "_time",
         "_key",
         "_kg",
-        "_epoch",
         "_tables",
         "_views",
         "_record_cleanups",
         "_aec",
+        "__weakref__",
     )
 
     def __init__(
@@ -89,11 +89,10 @@ class KeyedStateBackend:
         self.now()  # fail here, not at the first TTL access, if it returns no int
         self._key: Any = None
         self._kg: int | None = None
-        self._epoch = 0  # bumped on every set_current_key; states cache per-key data by it
         self._tables: dict[str, StateTable] = {}
         self._views: dict[str, State] = {}
         self._record_cleanups: list[StateTable] = []
-        self._aec: Any = None  # the AsyncExecutionController made for this backend, if any
+        self._aec: Any = None  # a weak reference to the AsyncExecutionController made for this backend, if any
 
     # ------------------------------------------------------------ key context
 

@@ -166,22 +166,24 @@ class MapState(AsyncMapMethods, State):
     call, so the state may be changed while looping over it.
     """
 
-    __slots__ = ("_c", "_epoch")
+    # the core namespace of the current key and namespace, cached for the key
+    # object it was made for (held, so its identity cannot be reused meanwhile)
+    __slots__ = ("_c", "_c_key")
 
     def __init__(self, table: StateTable) -> None:
         super().__init__(table)
         self._c: Any = None
-        self._epoch = -1
+        self._c_key: Any = _NO_KEY
 
     def set_current_namespace(self, namespace: Any) -> None:
         super().set_current_namespace(namespace)
-        self._epoch = -1
+        self._c_key = _NO_KEY
 
     def _ctx(self) -> Any:
-        b = self._b
-        if self._epoch != b._epoch:
-            self._c = make_ctx(b._key, self._ns)
-            self._epoch = b._epoch
+        key = self._b._key
+        if self._c_key is not key:
+            self._c = make_ctx(key, self._ns)
+            self._c_key = key
         return self._c
 
     def _kg(self) -> int:
@@ -209,7 +211,7 @@ class MapState(AsyncMapMethods, State):
         e = t.maps[kg]
         if e is None:
             return _NO_KEY
-        ctx = self._c if self._epoch == b._epoch else self._ctx()
+        ctx = self._c if self._c_key is b._key else self._ctx()
         if not t.ttl:
             v = e.get(ukey, ctx)
         else:
@@ -246,7 +248,7 @@ class MapState(AsyncMapMethods, State):
             e = t.map_for_write(kg)
         if key is None:
             raise TypeError("MapState user keys must not be None")
-        ctx = self._c if self._epoch == b._epoch else self._ctx()
+        ctx = self._c if self._c_key is b._key else self._ctx()
         ts = b._time() if t.ttl else NO_TIMESTAMP
         if not e.replace(key, ctx, _NONE if value is None else value, ts):
             t.insert(kg, ctx, key, value, ts)  # type: ignore[attr-defined]
