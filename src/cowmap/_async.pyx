@@ -221,15 +221,23 @@ cdef class StateFuture:
     cdef object _val
     # as the future of a request (made by AsyncExecutionController._request, one
     # object per request): the state, the state method's name and arguments, and
-    # the state's namespace at the call; the record context is _ctx
+    # the state's namespace at the call; the record context is _ctx. The
+    # arguments: a tuple, or with _one_arg the single argument itself (no tuple
+    # to allocate, track and collect for the commonest requests)
     cdef readonly object _state
     cdef readonly str _op
-    cdef readonly tuple _args
+    cdef object _argv
+    cdef bint _one_arg
     cdef readonly object _ns
     cdef bint _inited
 
     def __class_getitem__(cls, item):
         return cls
+
+    @property
+    def _args(self):
+        """A request's arguments, as a tuple (None if not a request)."""
+        return (self._argv,) if self._one_arg else self._argv
 
     def __init__(self, mailbox=None, context=None):
         # the controller's futures are requests it still holds: re-running
@@ -918,9 +926,10 @@ cdef class AsyncExecutionController:
             raise TypeError(f"handle_request needs a state for op {op!r}, not None")
         return self._request(state, <str>_OPS.get(op, op), args)
 
-    cdef StateFuture _request(self, state, str op, tuple args):
+    cdef StateFuture _request(self, state, str op, object args, bint one_arg=False):
         """Queue a request of the current record; the future of its result,
-        which is the request itself (it carries the state, op and arguments)."""
+        which is the request itself (it carries the state, op and arguments):
+        ``args`` is a tuple, or with ``one_arg`` the single argument."""
         cdef RecordContext ctx = self._current
         cdef StateFuture req
         if ctx is None:
@@ -938,7 +947,8 @@ cdef class AsyncExecutionController:
         _untrack(req)  # (see "GC visibility")
         req._state = state
         req._op = op
-        req._args = args
+        req._argv = args
+        req._one_arg = one_arg
         req._ns = ns
         if ctx.holds_key or self._try_occupy(ctx):
             self._insert_active(req)
@@ -1169,7 +1179,8 @@ cdef class AsyncExecutionController:
                 backend.set_current_key((<RecordContext?>req._ctx).key)
                 if state._ns is not req._ns:
                     state.set_current_namespace(req._ns)
-                value = getattr(state, req._op)(*req._args)
+                method = getattr(state, req._op)
+                value = method(req._argv) if req._one_arg else method(*req._argv)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 value = None
                 failed = exc
@@ -1374,7 +1385,7 @@ def async_value(self):
 
 def async_update(self, value):
     """A future of None, once ``update(value)`` ran."""
-    return _aec_of(self)._request(self, _UPDATE, (value,))
+    return _aec_of(self)._request(self, _UPDATE, value, True)
 
 
 def async_clear(self):
@@ -1384,7 +1395,7 @@ def async_clear(self):
 
 def async_add(self, value):
     """A future of None, once ``add(value)`` ran."""
-    return _aec_of(self)._request(self, _ADD, (value,))
+    return _aec_of(self)._request(self, _ADD, value, True)
 
 
 def async_get_value(self):
@@ -1394,17 +1405,17 @@ def async_get_value(self):
 
 def async_list_add_all(self, values):
     """A future of None, once ``add_all(values)`` ran."""
-    return _aec_of(self)._request(self, _ADD_ALL, (list(values) if values is not None else None,))
+    return _aec_of(self)._request(self, _ADD_ALL, list(values) if values is not None else None, True)
 
 
 def async_list_update(self, values):
     """A future of None, once ``update(values)`` ran."""
-    return _aec_of(self)._request(self, _UPDATE, (list(values) if values is not None else None,))
+    return _aec_of(self)._request(self, _UPDATE, list(values) if values is not None else None, True)
 
 
 def async_map_get(self, key):
     """A future of ``get(key)``."""
-    return _aec_of(self)._request(self, _GET, (key,))
+    return _aec_of(self)._request(self, _GET, key, True)
 
 
 def async_map_put(self, key, value):
@@ -1414,17 +1425,17 @@ def async_map_put(self, key, value):
 
 def async_map_put_all(self, entries):
     """A future of None, once ``put_all(entries)`` ran."""
-    return _aec_of(self)._request(self, _PUT_ALL, (dict(entries) if entries is not None else None,))
+    return _aec_of(self)._request(self, _PUT_ALL, dict(entries) if entries is not None else None, True)
 
 
 def async_map_remove(self, key):
     """A future of None, once ``remove(key)`` ran."""
-    return _aec_of(self)._request(self, _REMOVE, (key,))
+    return _aec_of(self)._request(self, _REMOVE, key, True)
 
 
 def async_map_contains(self, key):
     """A future of ``contains(key)``."""
-    return _aec_of(self)._request(self, _CONTAINS, (key,))
+    return _aec_of(self)._request(self, _CONTAINS, key, True)
 
 
 def async_map_is_empty(self):
@@ -1467,9 +1478,14 @@ def request_args(list reqs not None, Py_ssize_t index):
         raise ValueError(f"index must be >= 0, got {index}")
     for i in range(n):
         r = _as_request(reqs[i])
-        if r._args is None or index >= len(r._args):
+        if r._one_arg:
+            if index != 0:
+                raise ValueError(f"request {r._op!r} has no argument {index}")
+            out[i] = r._argv
+            continue
+        if r._argv is None or index >= len(r._argv):
             raise ValueError(f"request {r._op!r} has no argument {index}")
-        out[i] = r._args[index]
+        out[i] = r._argv[index]
     return out
 
 
