@@ -32,13 +32,21 @@ class _Expired:
 EXPIRED = _Expired()
 
 
-def wall_clock_ms():
-    """Milliseconds since the Unix epoch: the default ``time_provider`` of a
-    ``KeyedStateBackend``. TTL reads and writes call it once per access (as Flink
-    does), so it is one C call rather than a Python function around ``time.time_ns()``."""
+cdef inline int64_t _wall_ms() noexcept nogil:
     cdef timespec t
     clock_gettime(CLOCK_REALTIME, &t)
     return <int64_t>t.tv_sec * 1000 + t.tv_nsec // 1000000
+
+
+def wall_clock_ms():
+    """Milliseconds since the Unix epoch: the default ``time_provider`` of a
+    ``KeyedStateBackend``. TTL reads and writes read it once per access (as Flink
+    does); passed to the map as the time itself (see ``_as_time``), it is read
+    in C without a Python call."""
+    return _wall_ms()
+
+
+cdef object _WALL_CLOCK = wall_clock_ms
 
 cdef uint32_t _MAX_CAPACITY = 1 << 30
 cdef int64_t _EMPTY_INT64 = 0
@@ -51,6 +59,21 @@ cdef inline int64_t _as_ts(object ts, str what="ts") except? -1:
             raise TypeError(f"{what} must be an int (milliseconds), not {type(ts).__name__}")
         ts = ts.__index__()
     return ts
+
+
+cdef inline int64_t _as_time(object t, str what="ts") except? -1:
+    """A timestamp argument: an int (ms), or a time provider -- a callable
+    returning int ms, called once here (``wall_clock_ms`` is read in C)."""
+    if type(t) is int:
+        return t
+    if t is _WALL_CLOCK:
+        return _wall_ms()
+    if callable(t) and not hasattr(t, "__index__"):
+        now = t()
+        if type(now) is not int:
+            raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
+        return now
+    return _as_ts(t, what)
 
 
 cdef object _batch_seq(object items, str what):
@@ -117,6 +140,10 @@ cdef class CopyOnWriteStateMap:
     Re-entrant use from a key's ``__eq__``/``__hash__``, a copier or a
     transform function raises ``RuntimeError``.
 
+    Timestamps (``ts``, ``now``) are int milliseconds, or a time provider (a
+    callable returning them) that the map calls once per call;
+    :func:`wall_clock_ms` is read in C.
+
     The garbage collector does not look inside the map: a state that refers
     back to the map forms a cycle that is never collected (a copier that does
     is fine).
@@ -160,7 +187,7 @@ cdef class CopyOnWriteStateMap:
 
     def put(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Map ``(key, namespace)`` to ``state`` with timestamp ``ts`` (ms). O(1) amortised."""
-        cm_put(&self.m, key, namespace, state, _as_ts(ts))
+        cm_put(&self.m, key, namespace, state, _as_time(ts))
 
     def get(self, key, namespace):
         """The state of ``(key, namespace)`` or None. A state shared with a
@@ -176,19 +203,19 @@ cdef class CopyOnWriteStateMap:
         live at ``now`` (not ``ts + ttl <= now``), with its timestamp set to
         ``now`` when ``refresh``; None when absent; :data:`EXPIRED` when
         expired, the entry left untouched."""
-        return cm_get_unexpired(&self.m, key, namespace, _as_ts(now, "now"), _as_ts(ttl, "ttl"),
+        return cm_get_unexpired(&self.m, key, namespace, _as_time(now, "now"), _as_ts(ttl, "ttl"),
                                 1 if refresh else 0, EXPIRED)
 
     def replace(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Overwrite the state (and timestamp) of ``(key, namespace)`` if it is
         mapped; True if it was, False (and nothing added) if not."""
-        return cm_replace(&self.m, key, namespace, state, _as_ts(ts)) == 1
+        return cm_replace(&self.m, key, namespace, state, _as_time(ts)) == 1
 
     def get_touch(self, key, namespace, ts):
         """Like ``get`` (the state, copied if a snapshot shares it, or None when
         absent), also setting the entry's timestamp to ``ts``: one lookup for
         changing a state in place and refreshing its time."""
-        return cm_get_touch(&self.m, key, namespace, _as_ts(ts))
+        return cm_get_touch(&self.m, key, namespace, _as_time(ts))
 
     def timestamp(self, key, namespace):
         """The timestamp of ``(key, namespace)``, or None when absent."""
@@ -196,7 +223,7 @@ cdef class CopyOnWriteStateMap:
 
     def set_timestamp(self, key, namespace, ts):
         """Set the timestamp of an existing entry; False when absent."""
-        return cm_set_timestamp(&self.m, key, namespace, _as_ts(ts)) == 1
+        return cm_set_timestamp(&self.m, key, namespace, _as_time(ts)) == 1
 
     def contains_key(self, key, namespace):
         """True if ``(key, namespace)`` is mapped (also when its state is None)."""
@@ -212,7 +239,7 @@ cdef class CopyOnWriteStateMap:
 
     def put_and_get_old(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Put and return the previous state (a copy if shared with a snapshot), or None."""
-        return cm_put_and_get_old(&self.m, key, namespace, state, _as_ts(ts))
+        return cm_put_and_get_old(&self.m, key, namespace, state, _as_time(ts))
 
     def remove_and_get_old(self, key, namespace):
         """Remove and return the previous state (a copy if shared with a snapshot), or None."""
@@ -226,7 +253,7 @@ cdef class CopyOnWriteStateMap:
         """
         if not callable(fn):
             raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-        cm_transform(&self.m, key, namespace, value, fn, _as_ts(ts))
+        cm_transform(&self.m, key, namespace, value, fn, _as_time(ts))
 
     # ---------------------------------------------------------------- batch
 
@@ -248,7 +275,7 @@ cdef class CopyOnWriteStateMap:
         seq = _batch_seq(states, "states")
         if len(seq) != k.ks.n:
             raise ValueError(f"keys and states differ in length ({k.ks.n} != {len(seq)})")
-        cm_put_many(&self.m, &k.ks, namespace, <PyObject *>seq, _as_ts(ts))
+        cm_put_many(&self.m, &k.ks, namespace, <PyObject *>seq, _as_time(ts))
 
     def contains_many(self, keys, namespace):
         """A numpy bool array: which ``keys`` are mapped in ``namespace``."""
@@ -288,7 +315,7 @@ cdef class CopyOnWriteStateMap:
             if type(removed) is not list:
                 raise TypeError(f"removed must be a list or None, not {type(removed).__name__}")
             sink = <PyObject *>removed
-        return cm_sweep(&self.m, _as_ts(now, "now"), _as_ts(ttl, "ttl"), n, sink)
+        return cm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n, sink)
 
     # ------------------------------------------------------------ whole map
 
@@ -616,7 +643,7 @@ def multi_get(list maps not None, list kgs not None, list keys not None, list na
     Returns the list of results (states, None, or :data:`EXPIRED`).
     """
     cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, None), i
-    cdef int64_t c_now = _as_ts(now, "now"), c_ttl = _as_ts(ttl, "ttl")
+    cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
     cdef int c_refresh = 1 if refresh else 0
     cdef list out = [None] * n
     cdef CopyOnWriteStateMap cm
@@ -638,7 +665,7 @@ def multi_put(list maps not None, list kgs not None, list keys not None, list na
     maps ``(keys[i], namespaces[i])`` to ``states[i]`` in ``maps[kgs[i]]`` (which
     must exist), all with timestamp ``ts``."""
     cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, states), i
-    cdef int64_t c_ts = _as_ts(ts)
+    cdef int64_t c_ts = _as_time(ts)
     cdef CopyOnWriteStateMap cm
     for i in range(n):
         _hints(maps, kgs, keys, namespaces, i, n)
@@ -650,7 +677,7 @@ def multi_replace(list maps not None, list kgs not None, list keys not None, lis
     """:meth:`CopyOnWriteStateMap.replace` for many items over a state's key-group
     maps in one call; a list of bools (False: absent, nothing added)."""
     cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, states), i
-    cdef int64_t c_ts = _as_ts(ts)
+    cdef int64_t c_ts = _as_time(ts)
     cdef list out = [False] * n
     cdef CopyOnWriteStateMap cm
     for i in range(n):

@@ -13,6 +13,7 @@ import random
 import pytest
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap
+from cowmap._core import EXPIRED, wall_clock_ms
 from core_helpers import map_contents, snapshot_contents_ts
 
 INT64_MIN = -(2**63)
@@ -354,3 +355,27 @@ def test_sweep_with_interleaved_snapshots() -> None:
 def map_contents_ts(m: CopyOnWriteStateMap) -> dict:
     """``{(key, ns): (state, ts)}`` of the map, as a deep enough copy to compare later."""
     return {(k, ns): (list(st), m.timestamp(k, ns)) for k, ns, st in list(m)}
+
+
+def test_a_time_provider_stands_for_the_time_and_is_called_once_per_call() -> None:
+    calls: list[int] = []
+
+    def clock() -> int:
+        calls.append(1)
+        return 1000 + len(calls)
+
+    m = CopyOnWriteStateMap()
+    m.put("k", "ns", "v", clock)
+    assert m.timestamp("k", "ns") == 1001 and len(calls) == 1
+    assert m.replace("k", "ns", "w", clock) and m.timestamp("k", "ns") == 1002
+    assert m.get_unexpired("k", "ns", clock, ttl=10) == "w" and len(calls) == 3
+    assert m.get_unexpired("k", "ns", lambda: 1012, ttl=10) is EXPIRED  # ts + ttl <= now
+    before = wall_clock_ms()
+    m.put("k", "ns", "x", wall_clock_ms)  # read in C
+    assert before <= m.timestamp("k", "ns") <= wall_clock_ms()
+    for bad in (lambda: 1.5, lambda: None, lambda: "1"):
+        with pytest.raises(TypeError, match="time_provider must return int milliseconds"):
+            m.put("k", "ns", "y", bad)
+    assert m.get("k", "ns") == "x"  # a failing provider changes nothing
+    with pytest.raises(TypeError, match="must be an int"):
+        m.put("k", "ns", "y", 1.5)

@@ -942,3 +942,37 @@ def test_set_current_key_outside_the_range_names_it_and_keeps_the_old_key() -> N
     assert backend.get_current_key() == inside
     with pytest.raises(AttributeError):
         backend.anything_else = 1  # type: ignore[attr-defined]  # slots: no stray attributes
+
+
+def test_ttl_accesses_read_the_time_provider_once_each() -> None:
+    """As Flink's TTL wrappers do: one clock read per state access (the states hand
+    the provider to the core map, which calls it)."""
+    calls: list[int] = []
+
+    def clock() -> int:
+        calls.append(1)
+        return 1_000
+
+    backend = KeyedStateBackend(time_provider=clock)
+    calls.clear()  # (the backend reads it once at construction)
+    cfg = StateTtlConfig.new_builder(timedelta(seconds=1)).disable_cleanup_in_background().build()
+    vd, md = ValueStateDescriptor("v"), MapStateDescriptor("m")
+    vd.enable_time_to_live(cfg)
+    md.enable_time_to_live(cfg)
+    value, mapped = backend.get_state(vd), backend.get_map_state(md)
+    backend.set_current_key("k")
+    for op in (lambda: value.update(1), value.value, lambda: mapped.put("u", 1), lambda: mapped.get("u")):
+        calls.clear()
+        op()
+        assert len(calls) == 1
+
+
+def test_a_time_provider_returning_no_int_fails_the_access() -> None:
+    backend = KeyedStateBackend(time_provider=lambda: 5)
+    backend._time = lambda: 5.0  # type: ignore[assignment]  # (the constructor checks the first read)
+    desc = ValueStateDescriptor("v")
+    desc.enable_time_to_live(ttl_config())
+    state = backend.get_state(desc)
+    backend.set_current_key("k")
+    with pytest.raises(TypeError, match="time_provider must return int milliseconds"):
+        state.update(1)

@@ -215,7 +215,7 @@ class MapState(AsyncMapMethods, State):
         if not t.ttl:
             v = e.get(ukey, ctx)
         else:
-            v = e.get_unexpired(ukey, ctx, b._time(), t.ttl, t.update_on_read)
+            v = e.get_unexpired(ukey, ctx, b._time, t.ttl, t.update_on_read)
             if v is EXPIRED:
                 v = e.remove_and_get_old(ukey, ctx)
                 t.unlink(kg, ctx, ukey)  # type: ignore[attr-defined]
@@ -359,7 +359,7 @@ class MapState(AsyncMapMethods, State):
         if not t.ttl:
             out = multi_get(t.maps, kgs, ukeys, ctxs)
         else:
-            out = multi_get(t.maps, kgs, ukeys, ctxs, self._b._time(), t.ttl, t.update_on_read)
+            out = multi_get(t.maps, kgs, ukeys, ctxs, self._b._time, t.ttl, t.update_on_read)
             for i in positions(out, EXPIRED):
                 v = t.maps[kgs[i]].remove_and_get_old(ukeys[i], ctxs[i])  # type: ignore[union-attr]
                 t.unlink(kgs[i], ctxs[i], ukeys[i])  # type: ignore[attr-defined]

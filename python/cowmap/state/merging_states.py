@@ -33,7 +33,7 @@ class _MergingState(AsyncMergingMethods, State):
         if not t.ttl:
             acc = m.get(key, ns)
             return _ABSENT if acc is None else acc
-        acc = m.get_unexpired(key, ns, self._b._time(), t.ttl, t.update_on_read)
+        acc = m.get_unexpired(key, ns, self._b._time, t.ttl, t.update_on_read)
         if acc is None:
             return _ABSENT
         if acc is EXPIRED:

@@ -51,7 +51,9 @@ class ValueState(AsyncValueMethods, State):
                 t.run_cleanup()
         if m is None:
             return self._default_value()
-        v = m.get_unexpired(b._key, self._ns, b._time(), t.ttl, t.update_on_read)
+        # the time provider, not its time: the map calls it once (the default
+        # wall_clock_ms in C, without a Python call)
+        v = m.get_unexpired(b._key, self._ns, b._time, t.ttl, t.update_on_read)
         if v is None:
             return self._default_value()
         if v is EXPIRED:
@@ -78,7 +80,7 @@ class ValueState(AsyncValueMethods, State):
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
-        m.put(b._key, self._ns, value, b._time())
+        m.put(b._key, self._ns, value, b._time)
 
 
     # -- vectorised forms for the AsyncExecutionController: one core call per batch
@@ -91,7 +93,7 @@ class ValueState(AsyncValueMethods, State):
         if not t.ttl:
             out = multi_get(t.maps, kgs, keys, nss)
         else:
-            out = multi_get(t.maps, kgs, keys, nss, self._b._time(), t.ttl, t.update_on_read)
+            out = multi_get(t.maps, kgs, keys, nss, self._b._time, t.ttl, t.update_on_read)
             for i in positions(out, EXPIRED):
                 v = t.maps[kgs[i]].remove_and_get_old(keys[i], nss[i])  # type: ignore[union-attr]
                 out[i] = v if t.return_expired else None
@@ -108,7 +110,7 @@ class ValueState(AsyncValueMethods, State):
         t = self._t
         kgs, keys, nss = request_columns(reqs)
         t.prepare_batch_write(kgs)
-        multi_put(t.maps, kgs, keys, nss, values, self._b._time() if t.ttl else NO_TIMESTAMP)
+        multi_put(t.maps, kgs, keys, nss, values, self._b._time if t.ttl else NO_TIMESTAMP)
         return [None] * len(reqs)
 
 
