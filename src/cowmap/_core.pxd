@@ -61,7 +61,8 @@ cdef extern from "cowmap_core.h":
     object cm_remove_and_get_old(cm_map *m, object key, object ns)
     int cm_transform(cm_map *m, object key, object ns, object value, object fn, int64_t ts) except -1
 
-    void cm_hint(const cm_map *m, PyObject *key, PyObject *ns, int stage)
+    bint cm_hint_composite(PyObject *key, PyObject *ns, uint32_t *h)
+    void cm_hint_at(const cm_map *m, uint32_t h, int stage)
 
     object cm_get_many(cm_map *m, const cm_keys *ks, object ns)
     int cm_put_many(cm_map *m, const cm_keys *ks, object ns, PyObject *states, int64_t ts) except -1

@@ -7,7 +7,8 @@ Python surface over it.
 
 cimport cython
 from cpython.object cimport PyObject
-from cpython.ref cimport Py_INCREF
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from libc.string cimport memset
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
@@ -589,15 +590,23 @@ cdef extern from "Python.h":
 
 cdef enum:
     HINT_D = 12  # items between the three prefetch stages of a multi-map batch and the item's own lookup
+    HINT_RING = 64  # > 3 * HINT_D, a power of two: the items resolved and not yet looked up
 
 
-cdef inline void _hint(list maps, list kgs, list keys, list namespaces, Py_ssize_t j, int stage) noexcept:
-    """Prefetch stage ``stage`` (cm_hint) for item ``j`` of a multi-map batch: a
-    hint only, skipped for anything unexpected (the lists may change under a
-    batch whose keys run Python code)."""
+cdef struct _Hint:
+    PyObject *map  # a reference to the item's CopyOnWriteStateMap, or NULL: no hint
+    uint32_t hash  # the item's composite hash
+
+
+cdef inline void _hint_resolve(list maps, list kgs, list keys, list namespaces, Py_ssize_t j, _Hint *h) noexcept:
+    """Resolve item ``j`` of a multi-map batch once (its map and hash) and run
+    its prefetch stage 0; later stages reuse it. A hint only: skipped for
+    anything unexpected (the lists may change under a batch whose keys run
+    Python code)."""
     cdef int overflow = 0
     cdef long long kg
     cdef PyObject *o
+    cdef uint32_t hash
     if j >= _list_size(<PyObject *>kgs) or j >= _list_size(<PyObject *>keys) or j >= _list_size(<PyObject *>namespaces):
         return
     o = _list_item(<PyObject *>kgs, j)
@@ -609,18 +618,53 @@ cdef inline void _hint(list maps, list kgs, list keys, list namespaces, Py_ssize
     o = _list_item(<PyObject *>maps, <Py_ssize_t>kg)
     if <void *>(o.ob_type) != <void *>CopyOnWriteStateMap:
         return
-    cm_hint(&(<CopyOnWriteStateMap>o).m, _list_item(<PyObject *>keys, j), _list_item(<PyObject *>namespaces, j), stage)
+    if not cm_hint_composite(_list_item(<PyObject *>keys, j), _list_item(<PyObject *>namespaces, j), &hash):
+        return
+    Py_INCREF(<object>o)  # held until its last stage: the lists may drop the map meanwhile
+    h.map = o
+    h.hash = hash
+    cm_hint_at(&(<CopyOnWriteStateMap>o).m, hash, 0)
 
 
-cdef inline void _hints(list maps, list kgs, list keys, list namespaces, Py_ssize_t i, Py_ssize_t n) noexcept:
+cdef inline void _hint_stage(_Hint *h, int stage) noexcept:
+    if h.map != NULL:
+        cm_hint_at(&(<CopyOnWriteStateMap>h.map).m, h.hash, stage)
+
+
+cdef inline void _hint_drop(_Hint *h) noexcept:
+    cdef PyObject *o = h.map
+    h.map = NULL
+    Py_XDECREF(o)
+
+
+cdef inline void _hints_start(_Hint *ring, list maps, list kgs, list keys, list namespaces, Py_ssize_t n) noexcept:
+    """Resolve the first 3 * HINT_D items (the loop resolves each later one 3 * HINT_D ahead)."""
+    cdef Py_ssize_t j
+    memset(ring, 0, HINT_RING * sizeof(_Hint))
+    for j in range(min(n, 3 * HINT_D)):
+        _hint_resolve(maps, kgs, keys, namespaces, j, &ring[j])
+
+
+cdef inline void _hints(_Hint *ring, list maps, list kgs, list keys, list namespaces, Py_ssize_t i, Py_ssize_t n) noexcept:
     """The prefetch stages due at item ``i``: the slot of item i+3D, the head
-    entry of item i+2D, the state of item i+D."""
+    entry of item i+2D, the state of item i+D (its last stage: its hint is dropped)."""
+    cdef _Hint *h
     if i + 3 * HINT_D < n:
-        _hint(maps, kgs, keys, namespaces, i + 3 * HINT_D, 0)
+        h = &ring[(i + 3 * HINT_D) & (HINT_RING - 1)]
+        _hint_drop(h)
+        _hint_resolve(maps, kgs, keys, namespaces, i + 3 * HINT_D, h)
     if i + 2 * HINT_D < n:
-        _hint(maps, kgs, keys, namespaces, i + 2 * HINT_D, 1)
+        _hint_stage(&ring[(i + 2 * HINT_D) & (HINT_RING - 1)], 1)
     if i + HINT_D < n:
-        _hint(maps, kgs, keys, namespaces, i + HINT_D, 2)
+        h = &ring[(i + HINT_D) & (HINT_RING - 1)]
+        _hint_stage(h, 2)
+        _hint_drop(h)
+
+
+cdef inline void _hints_end(_Hint *ring) noexcept:
+    cdef Py_ssize_t j
+    for j in range(HINT_RING):
+        _hint_drop(&ring[j])
 
 
 cdef Py_ssize_t _columns_len(list kgs, list keys, list namespaces, list states) except -1:
@@ -647,16 +691,21 @@ def multi_get(list maps not None, list kgs not None, list keys not None, list na
     cdef int c_refresh = 1 if refresh else 0
     cdef list out = [None] * n
     cdef CopyOnWriteStateMap cm
-    for i in range(n):
-        _hints(maps, kgs, keys, namespaces, i, n)
-        m = maps[kgs[i]]
-        if m is None:
-            continue
-        cm = <CopyOnWriteStateMap?>m
-        if c_ttl > 0:
-            out[i] = cm_get_unexpired(&cm.m, keys[i], namespaces[i], c_now, c_ttl, c_refresh, EXPIRED)
-        else:
-            out[i] = cm_get(&cm.m, keys[i], namespaces[i])
+    cdef _Hint ring[HINT_RING]
+    _hints_start(ring, maps, kgs, keys, namespaces, n)
+    try:
+        for i in range(n):
+            _hints(ring, maps, kgs, keys, namespaces, i, n)
+            m = maps[kgs[i]]
+            if m is None:
+                continue
+            cm = <CopyOnWriteStateMap?>m
+            if c_ttl > 0:
+                out[i] = cm_get_unexpired(&cm.m, keys[i], namespaces[i], c_now, c_ttl, c_refresh, EXPIRED)
+            else:
+                out[i] = cm_get(&cm.m, keys[i], namespaces[i])
+    finally:
+        _hints_end(ring)
     return out
 
 
@@ -667,10 +716,15 @@ def multi_put(list maps not None, list kgs not None, list keys not None, list na
     cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, states), i
     cdef int64_t c_ts = _as_time(ts)
     cdef CopyOnWriteStateMap cm
-    for i in range(n):
-        _hints(maps, kgs, keys, namespaces, i, n)
-        cm = <CopyOnWriteStateMap?>maps[kgs[i]]
-        cm_put(&cm.m, keys[i], namespaces[i], states[i], c_ts)
+    cdef _Hint ring[HINT_RING]
+    _hints_start(ring, maps, kgs, keys, namespaces, n)
+    try:
+        for i in range(n):
+            _hints(ring, maps, kgs, keys, namespaces, i, n)
+            cm = <CopyOnWriteStateMap?>maps[kgs[i]]
+            cm_put(&cm.m, keys[i], namespaces[i], states[i], c_ts)
+    finally:
+        _hints_end(ring)
 
 
 def multi_replace(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
@@ -680,12 +734,17 @@ def multi_replace(list maps not None, list kgs not None, list keys not None, lis
     cdef int64_t c_ts = _as_time(ts)
     cdef list out = [False] * n
     cdef CopyOnWriteStateMap cm
-    for i in range(n):
-        _hints(maps, kgs, keys, namespaces, i, n)
-        m = maps[kgs[i]]
-        if m is None:
-            continue
-        cm = <CopyOnWriteStateMap?>m
-        if cm_replace(&cm.m, keys[i], namespaces[i], states[i], c_ts) == 1:
-            out[i] = True
+    cdef _Hint ring[HINT_RING]
+    _hints_start(ring, maps, kgs, keys, namespaces, n)
+    try:
+        for i in range(n):
+            _hints(ring, maps, kgs, keys, namespaces, i, n)
+            m = maps[kgs[i]]
+            if m is None:
+                continue
+            cm = <CopyOnWriteStateMap?>m
+            if cm_replace(&cm.m, keys[i], namespaces[i], states[i], c_ts) == 1:
+                out[i] = True
+    finally:
+        _hints_end(ring)
     return out

@@ -846,17 +846,24 @@ static inline int cm_hint_hash(PyObject *o, Py_hash_t *h) {
     return 0;
 }
 
-/* A prefetch hint for a coming lookup of (key, ns) in m, for batches spread over
- * many maps (multi_get/multi_put/multi_replace), where the single-map pipeline
- * above does not apply: stage 0 prefetches the bucket slot, stage 1 the head
- * entry of the bucket (its slot prefetched by an earlier stage 0), stage 2 that
- * entry's state. Hints only: it reads the map and changes nothing, never fails,
- * and skips keys or namespaces whose hash could run Python code. */
-static inline void cm_hint(const cm_map *m, PyObject *key, PyObject *ns, int stage) {
-#if defined(__GNUC__)
+/* The composite hash of (key, ns) for cm_hint_at, if computing it runs no
+ * Python code (cm_hint_hash); 0 if not. */
+static inline int cm_hint_composite(PyObject *key, PyObject *ns, uint32_t *h) {
     Py_hash_t hk, hn;
-    if (m->busy || !cm_hint_hash(key, &hk) || !cm_hint_hash(ns, &hn)) return;
-    uint32_t h = cm_composite(hk, hn);
+    if (!cm_hint_hash(key, &hk) || !cm_hint_hash(ns, &hn)) return 0;
+    *h = cm_composite(hk, hn);
+    return 1;
+}
+
+/* A prefetch hint for a coming lookup of the key with composite hash h in m,
+ * for batches spread over many maps (multi_get/multi_put/multi_replace), where
+ * the single-map pipeline above does not apply: stage 0 prefetches the bucket
+ * slot, stage 1 the head entry of the bucket (its slot prefetched by an earlier
+ * stage 0), stage 2 that entry's state. Hints only: it reads the map as it is
+ * now and changes nothing, so a stale hash only prefetches the wrong lines. */
+static inline void cm_hint_at(const cm_map *m, uint32_t h, int stage) {
+#if defined(__GNUC__)
+    if (m->busy) return;
     const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
     if (!t->capacity) return;
     uint32_t b = h & (t->capacity - 1u);
@@ -874,7 +881,7 @@ static inline void cm_hint(const cm_map *m, PyObject *key, PyObject *ns, int sta
     }
     if (e->state) CM_PREFETCH_W(e->state);
 #else
-    (void)m; (void)key; (void)ns; (void)stage;
+    (void)m; (void)h; (void)stage;
 #endif
 }
 

@@ -7,7 +7,11 @@ Python ints (CPython hash semantics, e.g. ``hash(-1) == -2``, reduction modulo 2
 
 from __future__ import annotations
 
+import gc
 import random
+import sys
+import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -401,3 +405,54 @@ def test_multi_map_calls_with_bad_key_groups_still_fail_cleanly() -> None:
         multi_get(maps, [0] * 40 + ["x"], list(range(41)), ["n"] * 41)
     with pytest.raises(TypeError):
         multi_get([object()] * 41, [0] * 41, list(range(41)), ["n"] * 41)
+
+
+class _Payload:
+    pass
+
+
+class _DroppingKey:
+    """A key whose __eq__ empties the batch's lists of maps and keys (Python code
+    run mid-batch): the prefetch hints must neither crash nor keep maps alive."""
+
+    def __init__(self, v: int, lists: list[list[Any]]) -> None:
+        self.v, self.lists = v, lists
+
+    def __hash__(self) -> int:
+        return self.v
+
+    def __eq__(self, other: object) -> bool:
+        for lst in self.lists:
+            lst.clear()
+        return isinstance(other, _DroppingKey) and other.v == self.v
+
+
+def test_multi_map_calls_hold_no_map_after_the_call_even_when_lists_change() -> None:
+    from cowmap._core import multi_get, multi_put
+
+    maps = [CopyOnWriteStateMap() for _ in range(4)]
+    n = 200
+    kgs, keys, nss = [i % 4 for i in range(n)], list(range(n)), ["n"] * n
+    multi_put(maps, kgs, keys, nss, list(range(n)))
+    before = [sys.getrefcount(m) for m in maps]
+    assert multi_get(maps, kgs, keys, nss) == list(range(n))
+    with pytest.raises(TypeError):  # fails mid-batch: the hints taken are all dropped
+        multi_get(maps, kgs[:100] + ["x"] + kgs[101:], keys, nss)
+    assert [sys.getrefcount(m) for m in maps] == before
+    # lists emptied by a key's __eq__ while the hints still point at their maps
+    payloads = [_Payload() for _ in maps]
+    for m, p in zip(maps, payloads):
+        m.put("payload", "n", p)
+    gone = [weakref.ref(p) for p in payloads]  # (a map has no weakrefs: its states tell it is freed)
+    del payloads, m, p
+    tmp_maps, tmp_kgs = list(maps), list(kgs)
+    del maps
+    k = _DroppingKey(5, [])
+    multi_put(tmp_maps, [1], [_DroppingKey(5, k.lists)], ["n"], ["v"])  # (whichever __eq__ runs)
+    k.lists.extend([tmp_maps, tmp_kgs])
+    batch_keys: list[Any] = [k] + keys[1:]
+    with pytest.raises((IndexError, TypeError)):
+        multi_get(tmp_maps, [1] + tmp_kgs[1:], batch_keys, nss)
+    del tmp_maps, tmp_kgs, k, batch_keys
+    gc.collect()
+    assert [r() for r in gone] == [None] * 4
