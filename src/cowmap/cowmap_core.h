@@ -861,6 +861,11 @@ static inline int cm_hint_composite(PyObject *key, PyObject *ns, uint32_t *h) {
  * slot, stage 1 the head entry of the bucket (its slot prefetched by an earlier
  * stage 0), stage 2 that entry's state. Hints only: it reads the map as it is
  * now and changes nothing, so a stale hash only prefetches the wrong lines. */
+#if defined(__GNUC__)
+/* always inlined: out of line, a function of loads and prefetches only is
+ * "pure" to GCC, and its calls (void) are deleted as dead code */
+__attribute__((always_inline))
+#endif
 static inline void cm_hint_at(const cm_map *m, uint32_t h, int stage) {
 #if defined(__GNUC__)
     if (m->busy) return;
