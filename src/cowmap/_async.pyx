@@ -10,7 +10,7 @@ The Python API lives in ``cowmap.asyncstate`` (future.py, controller.py) and
 cimport cython
 from cpython.pythread cimport PyThread_get_thread_ident
 
-from cpython.ref cimport PyObject
+from cpython.ref cimport Py_REFCNT, PyObject
 from cpython.weakref cimport PyWeakref_CheckRef
 
 cdef extern from "Python.h":
@@ -230,6 +230,7 @@ cdef class StateFuture:
     cdef bint _one_arg
     cdef readonly object _ns
     cdef bint _inited
+    cdef bint _in_batch  # a request being run by a batch wave: tracked after it, if still held
 
     def __class_getitem__(cls, item):
         return cls
@@ -303,7 +304,8 @@ cdef class StateFuture:
         self._result = value
         self._exc = exc
         self._done = True
-        _track(self)  # (see "GC visibility")
+        if not self._in_batch:  # (else _run_wave decides, see there)
+            _track(self)  # (see "GC visibility")
         cb = self._cb
         cbs = self._cbs
         self._cb = None
@@ -1110,11 +1112,15 @@ cdef class AsyncExecutionController:
                         index[(id(req._state), req._op)] = group
             group.append(req)
         for g in groups:
+            for item in g:
+                (<StateFuture>item)._in_batch = True
             try:
                 self._run_group(g)
             except BaseException as exc:  # the other groups still run (see trigger)
                 if self._batch_error is None:
                     self._batch_error = exc
+            finally:
+                _track_if_kept(g)
         return rest
 
     def _run_group(self, reqs):
@@ -1304,6 +1310,22 @@ cdef class AsyncExecutionController:
         if PyThread_get_thread_ident() != self._task_thread:
             raise RuntimeError("the AsyncExecutionController must be used from its task thread")
         return 0
+
+
+cdef int _track_if_kept(list group) except -1:
+    """After a wave ran ``group``: track (see "GC visibility") each of its requests
+    that something besides the wave still holds. Completed there, most are only
+    held by the wave's lists, and are freed with them: tracking them at
+    completion would only have the collections walk and promote them meanwhile."""
+    cdef Py_ssize_t i
+    cdef StateFuture req
+    for i in range(len(group)):
+        req = <StateFuture>group[i]
+        req._in_batch = False
+        # held by: the wave's input list, this group, ``req``
+        if not req._done or Py_REFCNT(req) > 3:
+            _track_tree(req)
+    return 0
 
 
 def _on_timeout(ref, seq):

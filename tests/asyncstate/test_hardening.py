@@ -250,3 +250,22 @@ def test_a_future_kept_after_its_controller_is_gone_stays_usable() -> None:
     assert derived.get() == 5
     with pytest.raises(RuntimeError, match="need an AsyncExecutionController"):
         s.async_value()
+
+
+def test_request_futures_kept_by_the_user_are_tracked_once_complete() -> None:
+    """A batch leaves the requests only its own lists hold untracked (they are freed
+    with them); one the user keeps must be visible to the GC once complete."""
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c", default_value=0))
+    aec = AsyncExecutionController(b, batch_size=16, buffer_timeout_ms=0)
+    kept: list[Any] = []
+
+    def fn(_: Any) -> None:
+        f = s.async_value()
+        kept.append(f)
+        f.then_compose(lambda n: s.async_update(n + 1))
+
+    for k in range(100):
+        aec.process(k % 9, fn)
+    aec.drain()
+    assert kept and all(f.is_done() and gc.is_tracked(f) for f in kept)
