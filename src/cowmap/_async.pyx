@@ -765,6 +765,14 @@ cdef class AsyncExecutionController:
         epoch_mode: see :class:`EpochMode`.
         mailbox: the task thread's mailbox (a new one by default, owned by the
             thread that makes the controller).
+
+    Memory: the futures and record contexts the controller keeps in flight are
+    hidden from the cyclic garbage collector while they are (it would walk
+    thousands of them per collection); completed, failed, or left when the
+    controller is dropped or fails, they are handed back to it. So drop a
+    controller after :meth:`drain` or after it raised: a controller dropped
+    with records in flight whose callbacks refer back to the controller itself
+    is never freed.
     """
 
     cdef public object backend
@@ -914,6 +922,9 @@ cdef class AsyncExecutionController:
         self._current = ctx
         try:
             fn(record)
+        except BaseException:
+            self._track_in_flight()  # the record's processing fails (see trigger)
+            raise
         finally:
             self._current = previous
             _release_record(ctx)
@@ -1063,6 +1074,9 @@ cdef class AsyncExecutionController:
             self._batch_error = None
             if self._failure is None:
                 self._failure = exc
+                # the task fails: if the controller is then dropped with records in
+                # flight, the GC must see them all (see "GC visibility")
+                self._track_in_flight()
             raise exc
         return n
 

@@ -269,3 +269,35 @@ def test_request_futures_kept_by_the_user_are_tracked_once_complete() -> None:
         aec.process(k % 9, fn)
     aec.drain()
     assert kept and all(f.is_done() and gc.is_tracked(f) for f in kept)
+
+
+@pytest.mark.parametrize("failing", ["record", "callback"])
+def test_a_failed_controller_whose_callbacks_refer_to_it_is_collected(failing: str) -> None:
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c"))
+    aec = AsyncExecutionController(b, batch_size=8, buffer_timeout_ms=0)
+    payloads: list[Any] = []
+
+    def fn(_: Any) -> None:
+        p = _Payload()
+        payloads.append(weakref.ref(p))
+        # the callback holds the controller (and the payload) while in flight
+        s.async_value().then_accept(lambda v, p=p, aec=aec: aec.sync_point(lambda: p))
+
+    for k in range(40):
+        aec.process(k % 5, fn)
+
+    def boom(_: Any) -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        if failing == "record":
+            aec.process(99, boom)  # the record's own code fails: the task fails
+        else:
+            aec.process(99, lambda _: s.async_value().then_accept(boom))
+            aec.trigger()  # a callback fails: so does the batch
+    gone = weakref.ref(aec)
+    del aec, b, s
+    gc.collect()
+    assert gone() is None
+    assert all(p() is None for p in payloads)
