@@ -677,6 +677,42 @@ cdef Py_ssize_t _columns_len(list kgs, list keys, list namespaces, list states) 
     return n
 
 
+cdef enum:
+    _MULTI_GET = 0
+    _MULTI_PUT = 1
+    _MULTI_REPLACE = 2
+
+
+cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list states,
+                 int64_t t, int64_t ttl, int refresh):
+    """The loop of multi_get (``t`` = now), multi_put and multi_replace (``t`` = ts),
+    with the prefetch hints; None for multi_put."""
+    cdef Py_ssize_t n = len(keys), i
+    cdef list out = [None] * n if op == _MULTI_GET else [False] * n if op == _MULTI_REPLACE else None
+    cdef CopyOnWriteStateMap cm
+    cdef _Hint ring[HINT_RING]
+    _hints_start(ring, maps, kgs, keys, namespaces, n)
+    try:
+        for i in range(n):
+            _hints(ring, maps, kgs, keys, namespaces, i, n)
+            m = maps[kgs[i]]
+            if m is None and op != _MULTI_PUT:  # a missing map reads as absent (a put needs it)
+                continue
+            cm = <CopyOnWriteStateMap?>m
+            if op == _MULTI_GET:
+                if ttl > 0:
+                    out[i] = cm_get_unexpired(&cm.m, keys[i], namespaces[i], t, ttl, refresh, EXPIRED)
+                else:
+                    out[i] = cm_get(&cm.m, keys[i], namespaces[i])
+            elif op == _MULTI_PUT:
+                cm_put(&cm.m, keys[i], namespaces[i], states[i], t)
+            elif cm_replace(&cm.m, keys[i], namespaces[i], states[i], t) == 1:
+                out[i] = True
+    finally:
+        _hints_end(ring)
+    return out
+
+
 def multi_get(list maps not None, list kgs not None, list keys not None, list namespaces not None, now=0, ttl=0, refresh=False):
     """One call for many single-key reads spread over the maps of a state's key
     groups: item i reads ``(keys[i], namespaces[i])`` in ``maps[kgs[i]]``.
@@ -686,65 +722,21 @@ def multi_get(list maps not None, list kgs not None, list keys not None, list na
     otherwise :meth:`CopyOnWriteStateMap.get`. A missing map reads as absent.
     Returns the list of results (states, None, or :data:`EXPIRED`).
     """
-    cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, None), i
+    _columns_len(kgs, keys, namespaces, None)
     cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
-    cdef int c_refresh = 1 if refresh else 0
-    cdef list out = [None] * n
-    cdef CopyOnWriteStateMap cm
-    cdef _Hint ring[HINT_RING]
-    _hints_start(ring, maps, kgs, keys, namespaces, n)
-    try:
-        for i in range(n):
-            _hints(ring, maps, kgs, keys, namespaces, i, n)
-            m = maps[kgs[i]]
-            if m is None:
-                continue
-            cm = <CopyOnWriteStateMap?>m
-            if c_ttl > 0:
-                out[i] = cm_get_unexpired(&cm.m, keys[i], namespaces[i], c_now, c_ttl, c_refresh, EXPIRED)
-            else:
-                out[i] = cm_get(&cm.m, keys[i], namespaces[i])
-    finally:
-        _hints_end(ring)
-    return out
+    return _multi(_MULTI_GET, maps, kgs, keys, namespaces, None, c_now, c_ttl, 1 if refresh else 0)
 
 
 def multi_put(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
     """One call for many puts spread over the maps of a state's key groups: item i
     maps ``(keys[i], namespaces[i])`` to ``states[i]`` in ``maps[kgs[i]]`` (which
     must exist), all with timestamp ``ts``."""
-    cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, states), i
-    cdef int64_t c_ts = _as_time(ts)
-    cdef CopyOnWriteStateMap cm
-    cdef _Hint ring[HINT_RING]
-    _hints_start(ring, maps, kgs, keys, namespaces, n)
-    try:
-        for i in range(n):
-            _hints(ring, maps, kgs, keys, namespaces, i, n)
-            cm = <CopyOnWriteStateMap?>maps[kgs[i]]
-            cm_put(&cm.m, keys[i], namespaces[i], states[i], c_ts)
-    finally:
-        _hints_end(ring)
+    _columns_len(kgs, keys, namespaces, states)
+    _multi(_MULTI_PUT, maps, kgs, keys, namespaces, states, _as_time(ts), 0, 0)
 
 
 def multi_replace(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
     """:meth:`CopyOnWriteStateMap.replace` for many items over a state's key-group
     maps in one call; a list of bools (False: absent, nothing added)."""
-    cdef Py_ssize_t n = _columns_len(kgs, keys, namespaces, states), i
-    cdef int64_t c_ts = _as_time(ts)
-    cdef list out = [False] * n
-    cdef CopyOnWriteStateMap cm
-    cdef _Hint ring[HINT_RING]
-    _hints_start(ring, maps, kgs, keys, namespaces, n)
-    try:
-        for i in range(n):
-            _hints(ring, maps, kgs, keys, namespaces, i, n)
-            m = maps[kgs[i]]
-            if m is None:
-                continue
-            cm = <CopyOnWriteStateMap?>m
-            if cm_replace(&cm.m, keys[i], namespaces[i], states[i], c_ts) == 1:
-                out[i] = True
-    finally:
-        _hints_end(ring)
-    return out
+    _columns_len(kgs, keys, namespaces, states)
+    return _multi(_MULTI_REPLACE, maps, kgs, keys, namespaces, states, _as_time(ts), 0, 0)
