@@ -50,9 +50,14 @@ def _keys(n: int, k: int) -> list[int]:
     return [rnd.randrange(k) for _ in range(n)]
 
 
-def _sync(keys: list[int], latency: float = 0.0) -> float:
+def _fresh_backend() -> KeyedStateBackend:
+    """A new backend, the previous run's garbage collected first (see the module docstring)."""
     gc.collect()
-    b = KeyedStateBackend()
+    return KeyedStateBackend()
+
+
+def _sync(keys: list[int], latency: float = 0.0) -> float:
+    b = _fresh_backend()
     s = b.get_state(ValueStateDescriptor("count", default_value=0))
     sk, value, update = b.set_current_key, s.value, s.update
     t = time.perf_counter()
@@ -82,8 +87,7 @@ class _RemoteAEC(AsyncExecutionController):
 
 
 def _async(keys: list[int], cls: type[AsyncExecutionController] = AsyncExecutionController) -> tuple[float, int]:
-    gc.collect()
-    b = KeyedStateBackend()
+    b = _fresh_backend()
     s = b.get_state(ValueStateDescriptor("count", default_value=0))
     aec = cls(b, buffer_timeout_ms=0)
 
@@ -99,8 +103,7 @@ def _async(keys: list[int], cls: type[AsyncExecutionController] = AsyncExecution
 
 
 def _sync_map(keys: list[int]) -> float:
-    gc.collect()
-    b = KeyedStateBackend()
+    b = _fresh_backend()
     s = b.get_map_state(MapStateDescriptor("m"))
     sk, get, put = b.set_current_key, s.get, s.put
     t = time.perf_counter()
@@ -112,8 +115,7 @@ def _sync_map(keys: list[int]) -> float:
 
 
 def _async_map(keys: list[int]) -> tuple[float, int]:
-    gc.collect()
-    b = KeyedStateBackend()
+    b = _fresh_backend()
     s = b.get_map_state(MapStateDescriptor("m"))
     aec = AsyncExecutionController(b, buffer_timeout_ms=0)
     process = aec.process

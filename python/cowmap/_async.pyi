@@ -1,5 +1,6 @@
 """Type stub for the compiled async layer (src/cowmap/_async.pyx): futures, contexts, the controller."""
 
+import enum
 from typing import Any, Callable, Generic, Iterable, TypeVar
 
 T = TypeVar("T")
@@ -58,8 +59,6 @@ class RecordContext:
     def __init__(self, aec: Any, record: Any, key: Any, key_group: Any, epoch: Any, priority: Any = 0) -> None: ...
     def retain(self) -> None: ...
     def release(self) -> None: ...
-
-import enum
 
 class EpochMode(enum.Enum):
     SERIAL_BETWEEN_EPOCH = 0

@@ -49,9 +49,11 @@ cdef object _PENDING = object()  # the result of a pending future
 # reachable from a request in the controller's buffers (active, blocking) through
 # the callback links (_cb, _cbs, _aux) of untracked futures, and every untracked
 # record context is in flight and referenced by them or the controller. A future
-# is tracked again when it completes, when it becomes a callback of a tracked
-# future, or when it is posted as a mail; a context when it is disposed; and all
-# of them when the controller is deallocated or a batch fails. Neither contexts
+# is tracked again when it completes (a request run by a batch wave: after its
+# group, and only if something besides the wave still holds it), when it becomes
+# a callback of a tracked future, or when it is posted as a mail; a context when
+# it is disposed; and all of them when the controller is deallocated or a record
+# or a batch fails. Neither contexts
 # nor the backend hold the controller strongly (weak references), so a dropped
 # controller is freed by reference counting and can hand its in-flight objects
 # back to the GC.
@@ -71,24 +73,17 @@ cdef inline int _track(object o) except -1:
 cdef int _track_tree(StateFuture root) except -1:
     """Track ``root`` and the untracked futures (and contexts) linked from it."""
     cdef StateFuture f
-    cdef list todo
-    if PyObject_GC_IsTracked(root):
-        return 0
-    todo = [root]
+    cdef list todo = [root]
     while todo:
         f = <StateFuture>todo.pop()
-        if PyObject_GC_IsTracked(f):
+        if PyObject_GC_IsTracked(f):  # visible already (its links: tracked or in the buffers)
             continue
         PyObject_GC_Track(f)
         if type(f._ctx) is RecordContext:
             _track(f._ctx)
-        for link in (f._cb, f._aux):
-            if type(link) is StateFuture and not PyObject_GC_IsTracked(link):
+        for link in (f._cb, f._aux) if f._cbs is None else (f._cb, f._aux, *f._cbs):
+            if type(link) is StateFuture:
                 todo.append(link)
-        if f._cbs is not None:
-            for link in f._cbs:
-                if type(link) is StateFuture and not PyObject_GC_IsTracked(link):
-                    todo.append(link)
     return 0
 
 
@@ -365,7 +360,7 @@ cdef class StateFuture:
         _callable(cb, "cb")
         self._add_callback(cb)
 
-    cdef StateFuture _then(self, int kind, fn, fn2, fn3):
+    cdef StateFuture _then(self, int kind, fn, fn2, fn3, aux=None):
         """A derived future completed by step ``kind`` once this one completes."""
         cdef StateFuture out = _new_future(self._mailbox, self._ctx)
         if not PyObject_GC_IsTracked(self):
@@ -374,6 +369,7 @@ cdef class StateFuture:
         out._fn = fn
         out._fn2 = fn2
         out._fn3 = fn3
+        out._aux = aux
         self._add_callback(out)
         return out
 
@@ -389,26 +385,20 @@ cdef class StateFuture:
                 _post_step(mb, self, src)
                 return 0
         fn = self._fn
-        if kind == K_FORWARD:
-            self._kind = K_SOURCE
-            self._aux = None
-            return self._set(src._result, src._exc)
-        if kind == K_COND_FORWARD:
-            self._kind = K_SOURCE
-            self._aux = None
-            ok = self._val
-            self._val = None
-            if src._exc is not None:
-                return self._set(None, src._exc)
-            return self._set((ok, src._result), None)
-        if kind == K_COMBINE_BOTH:
+        if kind == K_FORWARD or kind == K_COND_FORWARD or kind == K_COMBINE_BOTH:
+            # the second future is complete: this one completes with it, from
+            # what the first step left in _val (the condition, the first result)
             self._kind = K_SOURCE
             self._aux = None
             self._fn = None
             first = self._val
             self._val = None
+            if kind == K_FORWARD:
+                return self._set(src._result, src._exc)
             if src._exc is not None:
                 return self._set(None, src._exc)
+            if kind == K_COND_FORWARD:
+                return self._set((first, src._result), None)
             try:
                 value = fn(first, src._result)
             except BaseException as exc:
@@ -443,7 +433,7 @@ cdef class StateFuture:
             fn(r)
             return self._set(None, None)
         if kind == K_COMPOSE:
-            inner = _as_future(fn(r), "then_compose's function")
+            inner = _is_future(fn(r), "then_compose's function must return")
             self._kind = K_FORWARD
             self._aux = inner  # (for the GC: the inner future and this one refer to each other)
             return inner._add_callback(self)
@@ -469,7 +459,7 @@ cdef class StateFuture:
             branch = fn2 if ok else fn3
             if branch is None:
                 return self._set((False, None), None)
-            inner = _as_future(branch(r), "then_conditionally_compose's function")
+            inner = _is_future(branch(r), "then_conditionally_compose's function must return")
             self._val = ok
             self._kind = K_COND_FORWARD
             self._aux = inner
@@ -495,15 +485,9 @@ cdef class StateFuture:
 
     def then_combine(self, other, fn):
         """A future of ``fn(result, other's result)``, once both are complete."""
-        cdef StateFuture out
-        _is_future(other, "then_combine's other")
+        _is_future(other, "then_combine's other must be")
         _callable(fn, "fn")
-        out = _new_future(self._mailbox, self._ctx)
-        out._kind = K_COMBINE
-        out._fn = fn
-        out._aux = other
-        self._add_callback(out)
-        return out
+        return self._then(K_COMBINE, fn, None, None, other)
 
     def then_conditionally_apply(
         self, condition, if_true, if_false = None
@@ -628,14 +612,9 @@ cdef inline int _callable(fn, str what) except -1:
 
 
 cdef inline StateFuture _is_future(f, str what):
+    """``f`` as a StateFuture; TypeError "``what`` a StateFuture, not ..." if it is not."""
     if not isinstance(f, StateFuture):
-        raise TypeError(f"{what} must be a StateFuture, not {type(f).__name__}")
-    return <StateFuture>f
-
-
-cdef inline StateFuture _as_future(f, str what):
-    if not isinstance(f, StateFuture):
-        raise TypeError(f"{what} must return a StateFuture, not {type(f).__name__}")
+        raise TypeError(f"{what} a StateFuture, not {type(f).__name__}")
     return <StateFuture>f
 
 
@@ -667,7 +646,7 @@ class StateFutureUtils:
         cdef StateFuture out
         if not hasattr(futures, "__iter__"):
             raise TypeError(f"combine_all needs an iterable of StateFutures, not {type(futures).__name__}")
-        fs = [_is_future(f, "combine_all's input") for f in futures]
+        fs = [_is_future(f, "combine_all's input must be") for f in futures]
         if not fs:
             return StateFutureUtils.completed_future([])
         first = <StateFuture>fs[0]
@@ -687,7 +666,7 @@ class StateFutureUtils:
     @staticmethod
     def to_iterable(future):
         """A future of a list of what the iterable result of ``future`` yields."""
-        return _is_future(future, "to_iterable's input")._then(K_TO_LIST, None, None, None)
+        return _is_future(future, "to_iterable's input must be")._then(K_TO_LIST, None, None, None)
 
 
 
@@ -1124,10 +1103,9 @@ cdef class AsyncExecutionController:
                     groups.append(group)
                     if index is not None:
                         index[(id(req._state), req._op)] = group
+            req._in_batch = True  # (see _track_if_kept)
             group.append(req)
         for g in groups:
-            for item in g:
-                (<StateFuture>item)._in_batch = True
             try:
                 self._run_group(g)
             except BaseException as exc:  # the other groups still run (see trigger)
@@ -1157,7 +1135,7 @@ cdef class AsyncExecutionController:
             failed = None
             try:
                 results = vector(reqs)
-            except Exception as exc:
+            except Exception as exc:  # the whole call failed: fail every request of it
                 failed = exc
                 results = None
             if results is not None:
@@ -1168,25 +1146,11 @@ cdef class AsyncExecutionController:
                         f"{type(state).__name__}.{_batch_name(first._op)} returned {len(<list>results)} results "
                         f"for {n} requests"
                     )
-            if failed is not None:  # the whole call failed: fail every request of it
+            if failed is not None or results is not None:
                 self.core_calls += 1
                 for i in range(n):
-                    try:
-                        self._complete(<StateFuture>(<list>reqs)[i], None, failed)
-                    except BaseException as e:
-                        if error is None:
-                            error = e
-                if error is not None:
-                    raise error
-                return
-            if results is not None:
-                self.core_calls += 1
-                for i in range(n):
-                    try:
-                        self._complete(<StateFuture>(<list>reqs)[i], (<list>results)[i], None)
-                    except BaseException as e:
-                        if error is None:
-                            error = e
+                    error = self._complete_noting(
+                        <StateFuture>(<list>reqs)[i], None if failed is not None else (<list>results)[i], failed, error)
                 if error is not None:
                     raise error
                 return
@@ -1204,13 +1168,19 @@ cdef class AsyncExecutionController:
             except Exception as exc:  # a failing request fails its future (and its chain)
                 value = None
                 failed = exc
-            try:
-                self._complete(req, value, failed)
-            except BaseException as e:
-                if error is None:
-                    error = e
+            error = self._complete_noting(req, value, failed, error)
         if error is not None:
             raise error
+
+    cdef object _complete_noting(self, StateFuture req, value, exc, first_error):
+        """``_complete`` for one request of a group, which completes them all even
+        if callbacks raise: the first exception raised so far (``first_error``,
+        or what this completion raised)."""
+        try:
+            self._complete(req, value, exc)
+        except BaseException as e:
+            return e if first_error is None else first_error
+        return first_error
 
     cdef int _complete(self, StateFuture req, value, exc) except -1:
         """Complete a request's future with its record current, so the callbacks'

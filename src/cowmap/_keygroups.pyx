@@ -23,6 +23,13 @@ cdef inline int _check_max_parallelism(long max_parallelism) except -1:
     return 0
 
 
+cdef inline long _key_group(object key, long max_parallelism) except -1:
+    """Flink's key group of ``key``; TypeError for None / unhashable keys."""
+    cdef int32_t h = 0
+    kh_hash(key, &h, 0)
+    return kh_murmur(h) % max_parallelism
+
+
 def key_hash(key):
     """The stable 32-bit hash of ``key``: Java's ``hashCode`` rules (see DESIGN.md §3).
 
@@ -42,15 +49,12 @@ def murmur_hash(code):
 
 def key_group_for(key, long max_parallelism):
     """The key group of ``key``: ``murmur_hash(key_hash(key)) % max_parallelism``. O(len(key))."""
-    cdef int32_t h = 0
     _check_max_parallelism(max_parallelism)
-    kh_hash(key, &h, 0)
-    return kh_murmur(h) % max_parallelism
+    return _key_group(key, max_parallelism)
 
 
 def key_groups_for(keys, long max_parallelism):
     """Key groups of many keys as an int32 numpy array; int64 arrays take a C loop."""
-    cdef int32_t h = 0
     cdef Py_ssize_t i, n
     cdef const int64_t[::1] arr
     cdef int32_t[::1] out
@@ -73,8 +77,7 @@ def key_groups_for(keys, long max_parallelism):
     result = np.empty(n, dtype=np.int32)
     out = result
     for i in range(n):
-        kh_hash(seq[i], &h, 0)
-        out[i] = kh_murmur(h) % max_parallelism
+        out[i] = _key_group(seq[i], max_parallelism)
     return result
 
 
@@ -107,12 +110,10 @@ cdef int switch_key(object backend, object key, object key_group) except -1:
 
 cdef object key_group_in_range(object backend, object key):
     """The key group of ``key`` on ``backend``; ValueError if the backend does not own it."""
-    cdef int32_t h = 0
     cdef long maxp = cowmap_slot_get(backend, _MAXP, &_maxp_get)
     cdef long lo = cowmap_slot_get(backend, _LO, &_lo_get)
     cdef long hi = cowmap_slot_get(backend, _HI, &_hi_get)
-    kh_hash(key, &h, 0)  # TypeError for None / unhashable keys
-    cdef long kg = kh_murmur(h) % maxp
+    cdef long kg = _key_group(key, maxp)
     if not lo <= kg <= hi:
         raise ValueError(
             f"key {key!r} is in key group {kg}, outside this backend's range {backend.key_group_range}"

@@ -82,7 +82,6 @@ class ValueState(AsyncValueMethods, State):
                 t.run_cleanup()
         m.put(b._key, self._ns, value, b._time)
 
-
     # -- vectorised forms for the AsyncExecutionController: one core call per batch
 
     def _batch_value(self, reqs: list[Any]) -> list[Any]:
