@@ -20,6 +20,8 @@ cdef extern from "Python.h":
     void PyObject_GC_Track(object o)
     void PyObject_GC_UnTrack(object o)
     bint PyObject_GC_IsTracked(object o)
+    bint PyFunction_Check(object o)  # exactly a Python function (a def or lambda)
+    PyObject *PyFunction_GET_CLOSURE(object fn)  # borrowed; NULL without free variables
     PyObject *PyWeakref_GetObject(object ref) except NULL  # borrowed; None once dead
 
 cdef extern from "slots.h":
@@ -48,8 +50,11 @@ cdef object _PENDING = object()  # the result of a pending future
 # while in flight, under one invariant: every untracked future is pending and
 # reachable from a request in the controller's buffers (active, blocking) through
 # the callback links (_cb, _cbs, _aux) of untracked futures, and every untracked
-# record context is in flight and referenced by them or the controller. A future
-# is tracked again when it completes (a request run by a batch wave: after its
+# record context is in flight and referenced by them or the controller. A
+# derived future made untracked also hides its user function (a lambda made per
+# record, typically) until its step has run: else each young collection would
+# walk and promote the in-flight ones. A future is tracked again (with the
+# function it hid, if that is still held elsewhere) when it completes (a request run by a batch wave: after its
 # group, and only if something besides the wave still holds it), when it becomes
 # a callback of a tracked future, or when it is posted as a mail; a context when
 # it is disposed; and all of them when the controller is deallocated or a record
@@ -70,6 +75,37 @@ cdef inline int _track(object o) except -1:
     return 0
 
 
+cdef inline int _hide_fn(fn):
+    """Untrack the Python function ``fn`` and its closure tuple; whether it was tracked."""
+    cdef PyObject *closure
+    if not PyFunction_Check(fn) or not PyObject_GC_IsTracked(fn):
+        return False
+    PyObject_GC_UnTrack(fn)
+    closure = PyFunction_GET_CLOSURE(fn)
+    if closure != NULL and PyObject_GC_IsTracked(<object>closure):
+        PyObject_GC_UnTrack(<object>closure)
+    return True
+
+
+cdef inline int _show_fn(fn) except -1:
+    """Undo ``_hide_fn`` (CPython frees a function as a tracked object: this
+    must run before the hiding future's reference to ``fn`` goes)."""
+    cdef PyObject *closure = PyFunction_GET_CLOSURE(fn)
+    _track(fn)
+    if closure != NULL:
+        _track(<object>closure)
+    return 0
+
+
+cdef inline int _track_future(StateFuture f) except -1:
+    """Track ``f`` and the user function it hid (see ``StateFuture._then``)."""
+    if f._fn_hidden:
+        f._fn_hidden = False
+        _show_fn(f._fn)
+    _track(f)
+    return 0
+
+
 cdef int _track_tree(StateFuture root) except -1:
     """Track ``root`` and the untracked futures (and contexts) linked from it."""
     cdef StateFuture f
@@ -78,7 +114,7 @@ cdef int _track_tree(StateFuture root) except -1:
         f = <StateFuture>todo.pop()
         if PyObject_GC_IsTracked(f):  # visible already (its links: tracked or in the buffers)
             continue
-        PyObject_GC_Track(f)
+        _track_future(f)
         if type(f._ctx) is RecordContext:
             _track(f._ctx)
         for link in (f._cb, f._aux) if f._cbs is None else (f._cb, f._aux, *f._cbs):
@@ -226,9 +262,14 @@ cdef class StateFuture:
     cdef readonly object _ns
     cdef bint _inited
     cdef bint _in_batch  # a request being run by a batch wave: tracked after it, if still held
+    cdef bint _fn_hidden  # _fn is a user function this (untracked) future untracked, see _then
 
     def __class_getitem__(cls, item):
         return cls
+
+    def __dealloc__(self):
+        if self._fn_hidden:  # (see _then)
+            _show_fn(self._fn)
 
     @property
     def _args(self):
@@ -300,7 +341,7 @@ cdef class StateFuture:
         self._exc = exc
         self._done = True
         if not self._in_batch:  # (else _run_wave decides, see there)
-            _track(self)  # (see "GC visibility")
+            _track_future(self)  # (see "GC visibility")
         cb = self._cb
         cbs = self._cbs
         self._cb = None
@@ -365,6 +406,13 @@ cdef class StateFuture:
         cdef StateFuture out = _new_future(self._mailbox, self._ctx)
         if not PyObject_GC_IsTracked(self):
             _untrack(out)  # reachable from self's links, as self is from the controller's buffers
+            if kind <= K_COMPOSE:
+                # a user function (typically a lambda made per record, with its
+                # closure) held only until the step runs: hidden with ``out``,
+                # so young collections do not walk and promote thousands of
+                # them (see "GC visibility"); shown again by _step, __dealloc__
+                # or _track_future, before this reference to it goes
+                out._fn_hidden = _hide_fn(fn)
         out._kind = kind
         out._fn = fn
         out._fn2 = fn2
@@ -414,6 +462,9 @@ cdef class StateFuture:
         self._fn = None
         self._fn2 = None
         self._fn3 = None
+        if self._fn_hidden:  # visible again before it can be freed (see _then)
+            self._fn_hidden = False
+            _show_fn(fn)
         if src._exc is not None:
             self._aux = None
             return self._set(None, src._exc)

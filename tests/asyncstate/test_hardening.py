@@ -289,3 +289,83 @@ def test_a_failed_controller_whose_callbacks_refer_to_it_is_collected(failing: s
     gc.collect()
     assert gone() is None
     assert all(p() is None for p in payloads)
+
+
+def test_callback_functions_are_hidden_while_in_flight_and_shown_after() -> None:
+    """A then_* function held by an in-flight chain (a lambda made per record) is
+    untracked with its closure until its step runs; one still held afterwards (here by
+    ``fns``, or shared by every record) is tracked again."""
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c", default_value=0))
+    aec = AsyncExecutionController(b, batch_size=1000, buffer_timeout_ms=0)
+    fns: list[Any] = []
+    shared = lambda v: None  # noqa: E731
+
+    def fn(_: Any) -> None:
+        inc = lambda n: s.async_update(n + 1)  # noqa: E731
+        fns.append(inc)
+        f = s.async_value()
+        f.then_compose(inc)
+        f.then_accept(shared)
+
+    for k in range(50):
+        aec.process(k, fn)
+    assert aec.active_size == 50  # nothing ran yet: every chain is in flight
+    assert not any(gc.is_tracked(f) or gc.is_tracked(f.__closure__) for f in fns)
+    gc.collect()  # a collection while they are hidden frees nothing
+    aec.drain()
+    assert all(gc.is_tracked(f) and gc.is_tracked(f.__closure__) for f in fns)
+    assert gc.is_tracked(shared)
+    for k in range(50):
+        b.set_current_key(k)
+        assert s.value() == 1
+
+
+@pytest.mark.parametrize("end", ["drained", "dropped", "failed"])
+def test_a_hidden_function_in_a_cycle_is_collected(end: str) -> None:
+    """A hidden function that survives its future (a cycle through its closure) is
+    handed back to the GC: after its step, when its controller is dropped with the
+    record in flight, and when the chain fails before the step."""
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c"))
+    aec = AsyncExecutionController(b, batch_size=100, buffer_timeout_ms=0)
+    payloads: list[Any] = []
+
+    def fn(_: Any) -> None:
+        box: list[Any] = [_Payload()]
+        payloads.append(weakref.ref(box[0]))
+        step = lambda v: box and None  # noqa: E731  # step -> closure -> cell -> box -> step
+        box.append(step)
+        if end == "failed":
+            s.async_value().then_apply(lambda v: 1 / 0).then_accept(step)
+        else:
+            s.async_value().then_accept(step)
+
+    for k in range(20):
+        aec.process(k, fn)
+    if end == "drained":
+        aec.drain()
+    elif end == "failed":
+        with pytest.raises(ZeroDivisionError):
+            aec.drain()
+    del fn
+    gone = weakref.ref(aec)
+    del aec, b, s
+    gc.collect()
+    assert gone() is None
+    assert payloads and all(p() is None for p in payloads)
+
+
+def test_a_future_completed_by_hand_shows_its_hidden_function() -> None:
+    """Completing a derived future by hand (it never runs its step) tracks it and the
+    function it hid."""
+    b = KeyedStateBackend()
+    s = b.get_state(ValueStateDescriptor("c"))
+    aec = AsyncExecutionController(b, buffer_timeout_ms=0)
+    held: list[Any] = []
+    fn = lambda v: v  # noqa: E731
+    aec.process("k", lambda _: held.append(s.async_value().then_apply(fn)))
+    (derived,) = held
+    assert not gc.is_tracked(fn)
+    derived.complete(7)
+    assert derived.get() == 7 and gc.is_tracked(fn) and gc.is_tracked(derived)
