@@ -117,7 +117,7 @@ cdef int _track_tree(StateFuture root) except -1:
         _track_future(f)
         if type(f._ctx) is RecordContext:
             _track(f._ctx)
-        for link in (f._cb, f._aux) if f._cbs is None else (f._cb, f._aux, *f._cbs):
+        for link in (f._cb, f._aux) if type(f._cb) is not list else (f._aux, *f._cb):
             if type(link) is StateFuture:
                 todo.append(link)
     return 0
@@ -208,7 +208,7 @@ cdef class RecordContext:
 # chain step allocates no closure. The future it waits on holds it as a
 # callback (see ``_run_callback``).
 cdef enum:
-    K_SOURCE = 0         # not derived: completed by a request or by complete()
+    K_SOURCE = 0         # not derived (or its step has run): completed by complete()
     K_APPLY = 1          # fn(result)
     K_ACCEPT = 2         # fn(result); None
     K_COMPOSE = 3        # fn(result) is a future: then K_FORWARD on it
@@ -220,6 +220,20 @@ cdef enum:
     K_COND_COMPOSE = 9   # branch(r) is a future: then K_COND_FORWARD on it
     K_COND_FORWARD = 10  # (the condition in _val, the inner future's result)
     K_TO_LIST = 11       # [] if result is None else list(result)
+    K_REQUEST = 12       # not derived: a request, completed by its batch (see _rq_state)
+
+
+# What a request (a StateFuture of kind K_REQUEST) keeps in a derived future's fields.
+cdef inline object _rq_state(StateFuture r):
+    return r._fn
+
+
+cdef inline object _rq_op(StateFuture r):  # a str
+    return r._fn2
+
+
+cdef inline object _rq_ns(StateFuture r):
+    return r._aux
 
 
 cdef inline object _controller_of(RecordContext rc):
@@ -233,33 +247,32 @@ cdef inline object _controller_of(RecordContext rc):
 cdef class StateFuture:
     """A value that a state request will produce, with Flink's ``then_*`` chaining."""
 
+    # (thousands are in flight at once, three per record in a get-then-update
+    # chain: every field is paid for in memory and in time to make and free)
     cdef readonly object _result
     cdef readonly object _exc
     cdef readonly object _mailbox
     cdef readonly object _ctx
     cdef bint _done
-    # callbacks in registration order: the first in _cb (most futures have at
-    # most one), the others in _cbs. A callback is a derived StateFuture (its
-    # step runs) or a Python callable taking no arguments.
+    # the callbacks in registration order: None, the only one (most futures
+    # have at most one), or a list of them. A callback is a derived StateFuture
+    # (its step runs) or a Python callable taking no arguments.
     cdef object _cb
-    cdef list _cbs
-    # as a derived future: its step (K_*) and what the step needs
+    # _kind: a derived future's step (K_*), or K_REQUEST. A derived future keeps
+    # in _fn.._aux, _val what its step needs; a request (made by
+    # AsyncExecutionController._request, one object per request) keeps in
+    # _fn.._aux the state, the state method's name, its arguments and the
+    # state's namespace at the call (see _rq_state and the others below); its
+    # record context is _ctx. The arguments: a tuple, or with _one_arg the
+    # single argument itself (no tuple to allocate, track and collect for the
+    # commonest requests)
     cdef int _kind
     cdef object _fn
     cdef object _fn2
     cdef object _fn3
     cdef object _aux
     cdef object _val
-    # as the future of a request (made by AsyncExecutionController._request, one
-    # object per request): the state, the state method's name and arguments, and
-    # the state's namespace at the call; the record context is _ctx. The
-    # arguments: a tuple, or with _one_arg the single argument itself (no tuple
-    # to allocate, track and collect for the commonest requests)
-    cdef readonly object _state
-    cdef readonly str _op
-    cdef object _argv
     cdef bint _one_arg
-    cdef readonly object _ns
     cdef bint _inited
     cdef bint _in_batch  # a request being run by a batch wave: tracked after it, if still held
     cdef bint _fn_hidden  # _fn is a user function this (untracked) future untracked, see _then
@@ -272,9 +285,26 @@ cdef class StateFuture:
             _show_fn(self._fn)
 
     @property
+    def _state(self):
+        """A request's state (None if not a request)."""
+        return self._fn if self._kind == K_REQUEST else None
+
+    @property
+    def _op(self):
+        """A request's state method name (None if not a request)."""
+        return self._fn2 if self._kind == K_REQUEST else None
+
+    @property
+    def _ns(self):
+        """A request's namespace (None if not a request)."""
+        return self._aux if self._kind == K_REQUEST else None
+
+    @property
     def _args(self):
         """A request's arguments, as a tuple (None if not a request)."""
-        return (self._argv,) if self._one_arg else self._argv
+        if self._kind != K_REQUEST:
+            return None
+        return (self._fn3,) if self._one_arg else self._fn3
 
     def __init__(self, mailbox=None, context=None):
         # the controller's futures are requests it still holds: re-running
@@ -289,7 +319,6 @@ cdef class StateFuture:
         self._exc = None
         self._done = False
         self._cb = None
-        self._cbs = None
         self._kind = K_SOURCE
         self._mailbox = mailbox
         self._ctx = context
@@ -343,33 +372,35 @@ cdef class StateFuture:
         if not self._in_batch:  # (else _run_wave decides, see there)
             _track_future(self)  # (see "GC visibility")
         cb = self._cb
-        cbs = self._cbs
         self._cb = None
-        self._cbs = None
         ctx = self._ctx
+        if type(cb) is not list:
+            if ctx is None:
+                if cb is not None:
+                    _run_callback(cb, self)
+                return 0
+            try:
+                if cb is not None:
+                    try:
+                        _run_callback(cb, self)
+                    finally:
+                        _release(ctx)  # the reference the callback held
+            finally:
+                _release(ctx)  # the reference the pending future held
+            return 0
+        cbs = <list>cb
         if ctx is None:
-            if cb is not None:
-                _run_callback(cb, self)
-                if cbs is not None:
-                    for c in cbs:
-                        _run_callback(c, self)
+            for c in cbs:
+                _run_callback(c, self)
             return 0
-        if cb is None:
-            _release(ctx)  # the reference the pending future held
-            return 0
-        n = 1 if cbs is None else 1 + len(<list>cbs)
+        n = len(cbs)
         i = 0
         try:
-            try:
-                _run_callback(cb, self)
-            finally:
-                _release(ctx)  # the reference the callback held
-            if cbs is not None:
-                for i in range(1, n):
-                    try:
-                        _run_callback((<list>cbs)[i - 1], self)
-                    finally:
-                        _release(ctx)
+            for i in range(n):
+                try:
+                    _run_callback(cbs[i], self)
+                finally:
+                    _release(ctx)  # the reference callback i held
         except BaseException:
             for _ in range(n - i - 1):  # callbacks that will not run now
                 _release(ctx)
@@ -388,12 +419,12 @@ cdef class StateFuture:
             _retain(self._ctx)  # released by _set once cb has run
         if type(cb) is StateFuture and PyObject_GC_IsTracked(self):
             _track_tree(<StateFuture>cb)  # no longer reachable from the controller only
-        if self._cb is None and self._cbs is None:
+        if self._cb is None:
             self._cb = cb
-        elif self._cbs is None:
-            self._cbs = [cb]
+        elif type(self._cb) is list:
+            (<list>self._cb).append(cb)
         else:
-            self._cbs.append(cb)
+            self._cb = [self._cb, cb]
         return 0
 
     def _on_done(self, cb):
@@ -634,7 +665,7 @@ cdef inline bint _runs_user_code(StateFuture f):
         cb = f._cb
         if cb is None:
             return False
-        if f._cbs is not None or type(cb) is not StateFuture:
+        if type(cb) is not StateFuture:  # a callable, or several callbacks
             return True
         d = <StateFuture>cb
         if d._kind != K_FORWARD and d._kind != K_COND_FORWARD:
@@ -673,7 +704,7 @@ cdef StateFuture _as_request(r):
     """``r`` as a request (the future of a queued state request); ValueError if it is none."""
     if not isinstance(r, StateFuture):
         raise TypeError(f"expected a request (StateFuture), not {type(r).__name__}")
-    if type((<StateFuture>r)._ctx) is not RecordContext or (<StateFuture>r)._op is None:
+    if type((<StateFuture>r)._ctx) is not RecordContext or (<StateFuture>r)._kind != K_REQUEST:
         raise ValueError("not a request: a StateFuture without a record context and state method")
     return <StateFuture>r
 
@@ -780,7 +811,7 @@ cdef class _Epoch:
 
 
 cdef inline bint _same_group(StateFuture a, StateFuture b):
-    return a._state is b._state and (a._op is b._op or a._op == b._op)
+    return _rq_state(a) is _rq_state(b) and (_rq_op(a) is _rq_op(b) or _rq_op(a) == _rq_op(b))
 
 
 @cython.no_gc_clear  # its buffers must outlive a GC clear: __dealloc__ walks them
@@ -988,11 +1019,12 @@ cdef class AsyncExecutionController:
                 raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
         req = _new_future(self.mailbox, ctx)
         _untrack(req)  # (see "GC visibility")
-        req._state = state
-        req._op = op
-        req._argv = args
+        req._kind = K_REQUEST
+        req._fn = state
+        req._fn2 = op
+        req._fn3 = args
+        req._aux = ns
         req._one_arg = one_arg
-        req._ns = ns
         if ctx.holds_key or self._try_occupy(ctx):
             self._insert_active(req)
         else:
@@ -1016,7 +1048,7 @@ cdef class AsyncExecutionController:
         return False
 
     cdef int _insert_active(self, StateFuture req) except -1:
-        if req._op is _SYNC:  # needs nothing from the state: done as soon as runnable
+        if _rq_op(req) is _SYNC:  # needs nothing from the state: done as soon as runnable
             return self._complete(req, None, None)
         active = self._active
         active.append(req)
@@ -1130,7 +1162,7 @@ cdef class AsyncExecutionController:
             # holding the key: another can only take it once all of them are
             # done), so its context marks which states it used in this wave --
             # by table, not view: two views of one table are one state.
-            table = _table_of(req._state)
+            table = _table_of(_rq_state(req))
             if ctx._wave != wave:
                 ctx._wave = wave
                 ctx._wave_state = <void *>table
@@ -1146,14 +1178,14 @@ cdef class AsyncExecutionController:
                             group = g
                             break
                     if group is None and len(groups) >= 8:  # many groups: index them
-                        index = {(id((<StateFuture>g[0])._state), (<StateFuture>g[0])._op): g for g in groups}
+                        index = {(id(_rq_state(<StateFuture>g[0])), _rq_op(<StateFuture>g[0])): g for g in groups}
                 else:
-                    group = index.get((id(req._state), req._op))
+                    group = index.get((id(_rq_state(req)), _rq_op(req)))
                 if group is None:
                     group = []
                     groups.append(group)
                     if index is not None:
-                        index[(id(req._state), req._op)] = group
+                        index[(id(_rq_state(req)), _rq_op(req))] = group
             req._in_batch = True  # (see _track_if_kept)
             group.append(req)
         for g in groups:
@@ -1180,8 +1212,8 @@ cdef class AsyncExecutionController:
         for i in range(n):
             _as_request((<list>reqs)[i])
         first = <StateFuture>(<list>reqs)[0]
-        state = first._state
-        vector = getattr(state, _batch_name(first._op), None) if state is not None else None
+        state = _rq_state(first)
+        vector = getattr(state, _batch_name(_rq_op(first)), None) if state is not None else None
         if vector is not None:
             failed = None
             try:
@@ -1194,7 +1226,7 @@ cdef class AsyncExecutionController:
                     results = list(results)
                 if len(<list>results) != n:  # a broken batch method: it fails the task too
                     failed = error = RuntimeError(
-                        f"{type(state).__name__}.{_batch_name(first._op)} returned {len(<list>results)} results "
+                        f"{type(state).__name__}.{_batch_name(_rq_op(first))} returned {len(<list>results)} results "
                         f"for {n} requests"
                     )
             if failed is not None or results is not None:
@@ -1212,10 +1244,10 @@ cdef class AsyncExecutionController:
             failed = None
             try:
                 backend.set_current_key((<RecordContext?>req._ctx).key)
-                if state._ns is not req._ns:
-                    state.set_current_namespace(req._ns)
-                method = getattr(state, req._op)
-                value = method(req._argv) if req._one_arg else method(*req._argv)
+                if state._ns is not _rq_ns(req):
+                    state.set_current_namespace(_rq_ns(req))
+                method = getattr(state, _rq_op(req))
+                value = method(req._fn3) if req._one_arg else method(*req._fn3)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 value = None
                 failed = exc
@@ -1520,7 +1552,7 @@ def request_columns(list reqs not None):
         c = <RecordContext>r._ctx
         kgs[i] = c.key_group
         keys[i] = c.key
-        nss[i] = r._ns
+        nss[i] = _rq_ns(r)
     return kgs, keys, nss
 
 
@@ -1535,14 +1567,15 @@ def request_args(list reqs not None, Py_ssize_t index):
         raise ValueError(f"index must be >= 0, got {index}")
     for i in range(n):
         r = _as_request(reqs[i])
+        args = r._fn3
         if r._one_arg:
             if index != 0:
-                raise ValueError(f"request {r._op!r} has no argument {index}")
-            out[i] = r._argv
+                raise ValueError(f"request {_rq_op(r)!r} has no argument {index}")
+            out[i] = args
             continue
-        if r._argv is None or index >= len(r._argv):
-            raise ValueError(f"request {r._op!r} has no argument {index}")
-        out[i] = r._argv[index]
+        if args is None or index >= len(args):
+            raise ValueError(f"request {_rq_op(r)!r} has no argument {index}")
+        out[i] = args[index]
     return out
 
 
