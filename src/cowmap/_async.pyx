@@ -24,6 +24,9 @@ cdef extern from "Python.h":
     PyObject *PyFunction_GET_CLOSURE(object fn)  # borrowed; NULL without free variables
     PyObject *PyWeakref_GetObject(object ref) except NULL  # borrowed; None once dead
 
+cdef extern from "untracked.h":
+    int cm_untracked_install(object type, int slot) except -1
+
 cdef extern from "slots.h":
     ctypedef struct cowmap_slot_cache:
         pass
@@ -47,21 +50,21 @@ cdef object _PENDING = object()  # the result of a pending future
 # The controller keeps thousands of requests, derived futures and record contexts
 # in flight; tracked by the cyclic GC, each young collection would walk them all
 # (about a sixth of the async path's time). So the ones it makes are untracked
-# while in flight, under one invariant: every untracked future is pending and
+# while in flight (born so: see untracked.h; those made from Python are tracked
+# by __init__), under one invariant: every untracked future is pending and
 # reachable from a request in the controller's buffers (active, blocking) through
-# the callback links (_cb, _cbs, _aux) of untracked futures, and every untracked
-# record context is in flight and referenced by them or the controller. A
-# derived future made untracked also hides its user function (a lambda made per
-# record, typically) until its step has run: else each young collection would
-# walk and promote the in-flight ones. A future is tracked again (with the
-# function it hid, if that is still held elsewhere) when it completes (a request run by a batch wave: after its
-# group, and only if something besides the wave still holds it), when it becomes
-# a callback of a tracked future, or when it is posted as a mail; a context when
-# it is disposed; and all of them when the controller is deallocated or a record
-# or a batch fails. Neither contexts
-# nor the backend hold the controller strongly (weak references), so a dropped
-# controller is freed by reference counting and can hand its in-flight objects
-# back to the GC.
+# the callback links (_cb, _aux) of untracked futures, and every untracked record
+# context is in flight and referenced by them or the controller. A derived future
+# made untracked also hides its user function (a lambda made per record,
+# typically) until its step has run: else each young collection would walk and
+# promote the in-flight ones. A future is tracked (with the function it hid)
+# when it completes (a request run by a batch wave: after its group, and only if
+# something besides the wave still holds it), when it becomes a callback of a
+# tracked future, or when it is posted as a mail; a context when it is disposed;
+# and all of them when the controller is deallocated or a record or a batch
+# fails. Neither contexts nor the backend hold the controller strongly (weak
+# references), so a dropped controller is freed by reference counting and can
+# hand its in-flight objects back to the GC.
 
 cdef inline int _untrack(object o) except -1:
     if PyObject_GC_IsTracked(o):
@@ -153,7 +156,6 @@ cdef int _release_record(RecordContext rc) except -1:
     return 0
 
 
-@cython.freelist(1024)
 cdef class RecordContext:
     """One input record in flight: its key, key group, epoch and reference count."""
 
@@ -187,6 +189,7 @@ cdef class RecordContext:
         self.holds_key = False
         self._disposed = False
         self._aec_ref = None if aec is None else (<AsyncExecutionController>aec)._self_ref
+        _track(self)  # (born untracked, see "GC visibility")
 
     @property
     def _aec(self):
@@ -243,7 +246,6 @@ cdef inline object _controller_of(RecordContext rc):
     return <object>PyWeakref_GetObject(rc._aec_ref)
 
 
-@cython.freelist(4096)
 cdef class StateFuture:
     """A value that a state request will produce, with Flink's ``then_*`` chaining."""
 
@@ -324,6 +326,7 @@ cdef class StateFuture:
         self._ctx = context
         if context is not None:
             _retain(context)
+        _track(self)  # (born untracked, see "GC visibility")
 
     # ------------------------------------------------------------ completion
 
@@ -435,8 +438,9 @@ cdef class StateFuture:
     cdef StateFuture _then(self, int kind, fn, fn2, fn3, aux=None):
         """A derived future completed by step ``kind`` once this one completes."""
         cdef StateFuture out = _new_future(self._mailbox, self._ctx)
-        if not PyObject_GC_IsTracked(self):
-            _untrack(out)  # reachable from self's links, as self is from the controller's buffers
+        if PyObject_GC_IsTracked(self):
+            _track(out)
+        else:  # untracked: reachable from self's links, as self is from the controller's buffers
             if kind <= K_COMPOSE:
                 # a user function (typically a lambda made per record, with its
                 # closure) held only until the step runs: hidden with ``out``,
@@ -605,6 +609,11 @@ cdef class StateFuture:
         return f"<StateFuture done: {self._result!r}>"
 
 
+# (see "GC visibility"; each type's pool is in untracked.h)
+cm_untracked_install(StateFuture, 0)
+cm_untracked_install(RecordContext, 1)
+
+
 cdef inline int _run_callback(cb, StateFuture src) except -1:
     """Run a callback of ``src``, which has just completed."""
     cdef int r
@@ -640,7 +649,7 @@ cdef int _resume_step(StateFuture f, StateFuture src) except -1:
 
 
 cdef StateFuture _new_future(mailbox, ctx):
-    """``StateFuture(mailbox, ctx)`` without the Python call."""
+    """``StateFuture(mailbox, ctx)`` without the Python call, untracked."""
     cdef StateFuture f = StateFuture.__new__(StateFuture)
     f._inited = True
     f._result = _PENDING
@@ -733,6 +742,7 @@ class StateFutureUtils:
             return StateFutureUtils.completed_future([])
         first = <StateFuture>fs[0]
         out = _new_future(first._mailbox, first._ctx)
+        _track(out)
         left = [len(fs)]
 
         def one_done():
@@ -975,8 +985,7 @@ cdef class AsyncExecutionController:
         ctx.epoch = self._epoch
         ctx.priority = priority
         ctx.refs = 1  # held while fn runs
-        ctx._aec_ref = self._self_ref
-        _untrack(ctx)  # (see "GC visibility")
+        ctx._aec_ref = self._self_ref  # (untracked: see "GC visibility")
         self._epoch.records += 1
         self._in_flight += 1
         previous = self._current
@@ -1017,8 +1026,7 @@ cdef class AsyncExecutionController:
                 if hasattr(type(state), _NS):  # a state, with the slot unset
                     raise
                 raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
-        req = _new_future(self.mailbox, ctx)
-        _untrack(req)  # (see "GC visibility")
+        req = _new_future(self.mailbox, ctx)  # (untracked: see "GC visibility")
         req._kind = K_REQUEST
         req._fn = state
         req._fn2 = op

@@ -1,0 +1,83 @@
+/*
+ * Allocation for the async layer's hot objects (StateFuture, RecordContext):
+ * they are born untracked by the cyclic GC and recycled through a small free
+ * list per type.
+ *
+ * Why: the controller keeps the objects it makes hidden from the GC while they
+ * are in flight (see _async.pyx, "GC visibility"), but CPython's default
+ * allocation (and Cython's free lists) track every new object, so each one was
+ * tracked and at once untracked again: two linked-list updates that touch
+ * neighbouring objects, three or four times per record. Objects made from
+ * Python (StateFuture(), RecordContext(...)) are tracked by their __init__.
+ *
+ * Only exact instances of an installed type come here: a Python subclass gets
+ * CPython's own tp_alloc/tp_free when it is created.
+ */
+#ifndef COWMAP_UNTRACKED_H
+#define COWMAP_UNTRACKED_H
+
+#include <Python.h>
+#include <string.h>
+
+#define CM_POOL_MAX 4096
+#define CM_POOLS 2
+
+typedef struct {
+    PyTypeObject *tp;
+    int n;
+    PyObject *items[CM_POOL_MAX];
+} cm_pool;
+
+static cm_pool cm_pools[CM_POOLS];
+
+static inline PyObject *cm_pool_alloc(cm_pool *p, PyTypeObject *tp) {
+    PyObject *o;
+    if (tp == p->tp && p->n > 0) {
+        o = p->items[--p->n];
+        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+        return PyObject_Init(o, tp); /* type and a reference count of 1 */
+    }
+    o = (PyObject *)_PyObject_GC_New(tp); /* initialised, not tracked */
+    if (o != NULL)
+        memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
+    return o;
+}
+
+/* tp_free: the type's tp_dealloc calls it once the object is untracked and
+ * cleared. (No installed type has a tp_finalize, so none carries the GC's
+ * "finalized" flag into its next life.) */
+static inline void cm_pool_free(cm_pool *p, void *op) {
+    if (Py_TYPE((PyObject *)op) == p->tp && p->n < CM_POOL_MAX) {
+        p->items[p->n++] = (PyObject *)op;
+        return;
+    }
+    PyObject_GC_Del(op);
+}
+
+#define CM_POOL_FUNCS(i)                                                                  \
+    static PyObject *cm_alloc_##i(PyTypeObject *tp, Py_ssize_t nitems) {                  \
+        (void)nitems; /* fixed-size types only (checked at install) */                    \
+        return cm_pool_alloc(&cm_pools[i], tp);                                           \
+    }                                                                                     \
+    static void cm_free_##i(void *op) { cm_pool_free(&cm_pools[i], op); }
+CM_POOL_FUNCS(0)
+CM_POOL_FUNCS(1)
+
+/* Make the GC type ``type`` (fixed-size, no tp_finalize, not yet instantiated)
+ * allocate through pool ``slot``. */
+static int cm_untracked_install(PyObject *type, int slot) {
+    static allocfunc allocs[CM_POOLS] = {cm_alloc_0, cm_alloc_1};
+    static freefunc frees[CM_POOLS] = {cm_free_0, cm_free_1};
+    PyTypeObject *tp = (PyTypeObject *)type;
+    if (slot < 0 || slot >= CM_POOLS || cm_pools[slot].tp != NULL || !PyType_IS_GC(tp) ||
+        tp->tp_itemsize != 0 || tp->tp_finalize != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "cowmap: bad untracked-allocation install");
+        return -1;
+    }
+    cm_pools[slot].tp = tp;
+    tp->tp_alloc = allocs[slot];
+    tp->tp_free = frees[slot];
+    return 0;
+}
+
+#endif
