@@ -369,3 +369,29 @@ def test_a_future_completed_by_hand_shows_its_hidden_function() -> None:
     assert not gc.is_tracked(fn)
     derived.complete(7)
     assert derived.get() == 7 and gc.is_tracked(fn) and gc.is_tracked(derived)
+
+
+def test_futures_and_contexts_made_from_python_are_tracked() -> None:
+    """The controller's own futures and contexts are born untracked (untracked.h);
+    made from Python, they are tracked, recycled ones come out clean, and a Python
+    subclass gets CPython's own allocation."""
+    from cowmap._async import RecordContext
+
+    b, aec, s = _setup()
+    inflight: list[Any] = []
+    for k in range(300):  # fills the pools once these complete and go
+        aec.process(k, lambda _: inflight.append(s.async_value()))
+    assert not any(gc.is_tracked(f) or gc.is_tracked(f._ctx) for f in inflight)
+    del inflight
+    aec.drain()
+
+    class Sub(StateFuture):
+        pass
+
+    made = [StateFuture(), Sub(), StateFuture(context=RecordContext(None, "r", "k", 0, None))]
+    assert all(gc.is_tracked(f) for f in made) and gc.is_tracked(made[2]._ctx)
+    assert all(not f.is_done() and repr(f) == "<StateFuture pending>" for f in made)
+    assert made[2]._ctx.refs == 1 and made[0]._ctx is None and made[0]._op is None
+    for i, f in enumerate(made):
+        f.complete(i)
+    assert [f.get() for f in made] == [0, 1, 2] and made[2]._ctx.refs == 0
