@@ -126,6 +126,16 @@ cdef int _track_tree(StateFuture root) except -1:
     return 0
 
 
+cdef int _track_pending(list cbs, Py_ssize_t start) except -1:
+    """Track the derived futures among ``cbs[start:]``: callbacks that will never
+    run (an earlier one raised), left pending outside the controller's buffers."""
+    cdef Py_ssize_t j
+    for j in range(start, len(cbs)):
+        if type(cbs[j]) is StateFuture:
+            _track_tree(<StateFuture>cbs[j])
+    return 0
+
+
 cdef inline int _retain(object ctx) except -1:
     if type(ctx) is RecordContext:
         (<RecordContext>ctx).refs += 1
@@ -246,6 +256,7 @@ cdef inline object _controller_of(RecordContext rc):
     return <object>PyWeakref_GetObject(rc._aec_ref)
 
 
+@cython.auto_pickle(False)  # a copy would share the callbacks and what they hold
 cdef class StateFuture:
     """A value that a state request will produce, with Flink's ``then_*`` chaining."""
 
@@ -366,7 +377,7 @@ cdef class StateFuture:
         holds a reference until it has run and the pending future one until all
         have; a callback that raises stops the others (their references are
         released) and the exception propagates."""
-        cdef Py_ssize_t n, i
+        cdef Py_ssize_t n, i, j
         if self._done:
             raise RuntimeError("the future is already complete")
         self._result = value
@@ -392,11 +403,15 @@ cdef class StateFuture:
                 _release(ctx)  # the reference the pending future held
             return 0
         cbs = <list>cb
-        if ctx is None:
-            for c in cbs:
-                _run_callback(c, self)
-            return 0
         n = len(cbs)
+        if ctx is None:
+            for i in range(n):
+                try:
+                    _run_callback(cbs[i], self)
+                except BaseException:
+                    _track_pending(cbs, i + 1)
+                    raise
+            return 0
         i = 0
         try:
             for i in range(n):
@@ -405,8 +420,9 @@ cdef class StateFuture:
                 finally:
                     _release(ctx)  # the reference callback i held
         except BaseException:
-            for _ in range(n - i - 1):  # callbacks that will not run now
+            for j in range(i + 1, n):  # callbacks that will not run now
                 _release(ctx)
+            _track_pending(cbs, i + 1)
             raise
         finally:
             _release(ctx)  # the reference the pending future held

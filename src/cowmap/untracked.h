@@ -8,7 +8,9 @@
  * allocation (and Cython's free lists) track every new object, so each one was
  * tracked and at once untracked again: two linked-list updates that touch
  * neighbouring objects, three or four times per record. Objects made from
- * Python (StateFuture(), RecordContext(...)) are tracked by their __init__.
+ * Python are tracked: by __init__, and by tp_new when called from Python
+ * (``T.__new__(T)``); the controller calls the type's C tp_new function
+ * directly, not through the slot.
  *
  * Only exact instances of an installed type come here: a Python subclass gets
  * CPython's own tp_alloc/tp_free when it is created.
@@ -24,6 +26,7 @@
 
 typedef struct {
     PyTypeObject *tp;
+    newfunc tp_new; /* the type's own */
     int n;
     PyObject *items[CM_POOL_MAX];
 } cm_pool;
@@ -59,7 +62,13 @@ static inline void cm_pool_free(cm_pool *p, void *op) {
         (void)nitems; /* fixed-size types only (checked at install) */                    \
         return cm_pool_alloc(&cm_pools[i], tp);                                           \
     }                                                                                     \
-    static void cm_free_##i(void *op) { cm_pool_free(&cm_pools[i], op); }
+    static void cm_free_##i(void *op) { cm_pool_free(&cm_pools[i], op); }                 \
+    static PyObject *cm_new_##i(PyTypeObject *tp, PyObject *args, PyObject *kw) {          \
+        PyObject *o = cm_pools[i].tp_new(tp, args, kw);                                   \
+        if (o != NULL && !PyObject_GC_IsTracked(o))                                       \
+            PyObject_GC_Track(o);                                                         \
+        return o;                                                                         \
+    }
 CM_POOL_FUNCS(0)
 CM_POOL_FUNCS(1)
 
@@ -68,13 +77,16 @@ CM_POOL_FUNCS(1)
 static int cm_untracked_install(PyObject *type, int slot) {
     static allocfunc allocs[CM_POOLS] = {cm_alloc_0, cm_alloc_1};
     static freefunc frees[CM_POOLS] = {cm_free_0, cm_free_1};
+    static newfunc news[CM_POOLS] = {cm_new_0, cm_new_1};
     PyTypeObject *tp = (PyTypeObject *)type;
     if (slot < 0 || slot >= CM_POOLS || cm_pools[slot].tp != NULL || !PyType_IS_GC(tp) ||
-        tp->tp_itemsize != 0 || tp->tp_finalize != NULL) {
+        tp->tp_itemsize != 0 || tp->tp_finalize != NULL || tp->tp_new == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "cowmap: bad untracked-allocation install");
         return -1;
     }
     cm_pools[slot].tp = tp;
+    cm_pools[slot].tp_new = tp->tp_new;
+    tp->tp_new = news[slot];
     tp->tp_alloc = allocs[slot];
     tp->tp_free = frees[slot];
     return 0;

@@ -395,3 +395,40 @@ def test_futures_and_contexts_made_from_python_are_tracked() -> None:
     for i, f in enumerate(made):
         f.complete(i)
     assert [f.get() for f in made] == [0, 1, 2] and made[2]._ctx.refs == 0
+
+
+def test_futures_made_with_new_are_tracked_and_cannot_be_copied() -> None:
+    import copy
+    import pickle
+
+    from cowmap._async import RecordContext
+
+    assert gc.is_tracked(StateFuture.__new__(StateFuture))
+    assert gc.is_tracked(RecordContext.__new__(RecordContext))
+    f = StateFuture()
+    f.then_apply(lambda v: v)
+    with pytest.raises(TypeError):
+        copy.copy(f)
+    with pytest.raises(TypeError):
+        pickle.dumps(f)
+
+
+def test_callbacks_skipped_by_a_failing_one_are_visible_to_the_gc() -> None:
+    """A callback that raises stops the later ones of its future: their derived
+    futures stay pending, and the GC must see them (and the functions they hold)."""
+    b, aec, s = _setup()
+    kept: list[Any] = []
+
+    def boom(_: Any) -> None:
+        raise KeyError("boom")
+
+    def fn(_: Any) -> None:
+        f = s.async_value()
+        f.then_accept(boom)
+        kept.append(f.then_apply(lambda v: v))
+
+    aec.process("k", fn)
+    with pytest.raises(KeyError):
+        aec.drain()
+    (g,) = kept
+    assert not g.is_done() and gc.is_tracked(g)
