@@ -31,6 +31,7 @@ cdef extern from "slots.h":
     ctypedef struct cowmap_slot_cache:
         pass
     object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
+    PyObject *cowmap_slot_peek(object obj, cowmap_slot_cache *c)  # borrowed, NULL: use _get
 
 from cowmap._keygroups cimport key_group_in_range, switch_key
 
@@ -176,6 +177,7 @@ cdef class RecordContext:
     cdef public object priority
     cdef public Py_ssize_t refs
     cdef public bint holds_key
+    cdef bint _waited_for  # holding the key, with other records' requests queued for it
     cdef object _aec_ref  # a weak reference to the controller (see "GC visibility"), or None
     # set when the record is finished (its count reached 0 and the controller
     # disposed it): it is never referenced or disposed again
@@ -1031,17 +1033,14 @@ cdef class AsyncExecutionController:
         ``args`` is a tuple, or with ``one_arg`` the single argument."""
         cdef RecordContext ctx = self._current
         cdef StateFuture req
+        cdef PyObject *p
         if ctx is None:
             raise RuntimeError("async state calls must be made inside AsyncExecutionController.process")
         if state is None:
             ns = None
         else:
-            try:
-                ns = cowmap_slot_get(state, _NS, &_ns_slot)
-            except AttributeError:
-                if hasattr(type(state), _NS):  # a state, with the slot unset
-                    raise
-                raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
+            p = cowmap_slot_peek(state, &_ns_slot)
+            ns = <object>p if p != NULL else _namespace_of(state)
         req = _new_future(self.mailbox, ctx)  # (untracked: see "GC visibility")
         req._kind = K_REQUEST
         req._fn = state
@@ -1069,6 +1068,7 @@ cdef class AsyncExecutionController:
         if holder is ctx:
             ctx.holds_key = True
             return True
+        (<RecordContext?>holder)._waited_for = True  # (its _dispose hands the key on)
         return False
 
     cdef int _insert_active(self, StateFuture req) except -1:
@@ -1088,7 +1088,7 @@ cdef class AsyncExecutionController:
         if ctx.holds_key:
             ctx.holds_key = False
             del self._holders[ctx.key]
-            q = self._blocking.get(ctx.key) if self._blocking else None
+            q = self._blocking.get(ctx.key) if ctx._waited_for else None
             if q:  # the next record of this key takes it, with all its waiting requests
                 nxt = (<StateFuture>q[0])._ctx
                 for r in q:  # the first of the highest priority
@@ -1098,6 +1098,7 @@ cdef class AsyncExecutionController:
                 (<RecordContext?>nxt).holds_key = True
                 mine = [r for r in q if (<StateFuture>r)._ctx is nxt]
                 rest = [r for r in q if (<StateFuture>r)._ctx is not nxt]
+                (<RecordContext?>nxt)._waited_for = bool(rest)
                 if rest:
                     self._blocking[ctx.key] = collections.deque(rest)
                 else:
@@ -1433,6 +1434,9 @@ cdef inline object _table_of(state):
     """The table a state view is over (``state._t``; the state itself if it has none)."""
     if state is None:
         return None
+    cdef PyObject *p = cowmap_slot_peek(state, &_t_slot)
+    if p != NULL:
+        return <object>p
     try:
         return cowmap_slot_get(state, _T, &_t_slot)
     except AttributeError:
@@ -1466,14 +1470,31 @@ cdef str _AEC = "_aec"
 cdef str _NS = "_ns"
 
 
-cdef AsyncExecutionController _aec_of(state):
+cdef object _namespace_of(state):
+    """``state._ns``; TypeError if ``state`` is not a state."""
     try:
-        b = cowmap_slot_get(state, _B, &_b_slot)
+        return cowmap_slot_get(state, _NS, &_ns_slot)
+    except AttributeError:
+        if hasattr(type(state), _NS):  # a state, with the slot unset
+            raise
+        raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
+
+
+cdef object _backend_of(state):
+    """``state._b``; TypeError if ``state`` is not a state."""
+    try:
+        return cowmap_slot_get(state, _B, &_b_slot)
     except AttributeError:
         if hasattr(type(state), _B):  # a state, with the slot unset
             raise
         raise TypeError(f"async state methods need a state, not {type(state).__name__}") from None
-    aec = cowmap_slot_get(b, _AEC, &_aec_get)
+
+
+cdef AsyncExecutionController _aec_of(state):
+    cdef PyObject *p = cowmap_slot_peek(state, &_b_slot)
+    b = <object>p if p != NULL else _backend_of(state)
+    p = cowmap_slot_peek(b, &_aec_get)
+    aec = <object>p if p != NULL else cowmap_slot_get(b, _AEC, &_aec_get)
     if PyWeakref_CheckRef(aec):
         aec = <object>PyWeakref_GetObject(aec)
     if aec is None:

@@ -77,6 +77,15 @@ static inline PyObject *cowmap_slot_get(PyObject *obj, PyObject *name, cowmap_sl
     return cowmap_slot_get_slow(obj, name, c);  /* (an unset slot: its AttributeError) */
 }
 
+/* obj.<name> as a borrowed reference when the cache hits and the slot is set;
+ * else NULL, with no exception: then use cowmap_slot_get (which also fills the
+ * cache). For hot paths that would otherwise pay for a try/except. */
+static inline PyObject *cowmap_slot_peek(PyObject *obj, const cowmap_slot_cache *c) {
+    if (cowmap_slot_hit(Py_TYPE(obj), c))
+        return *(PyObject **)((char *)obj + c->offset);
+    return NULL;
+}
+
 /* obj.<name> = v: 0, or -1 with an exception set. */
 static inline int cowmap_slot_set(PyObject *obj, PyObject *name, cowmap_slot_cache *c, PyObject *v) {
     if (cowmap_slot_hit(Py_TYPE(obj), c)) {
