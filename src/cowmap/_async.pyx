@@ -857,8 +857,11 @@ cdef class AsyncExecutionController:
 
     Memory: the futures and record contexts the controller keeps in flight are
     hidden from the cyclic garbage collector while they are (it would walk
-    thousands of them per collection); completed, failed, or left when the
-    controller is dropped or fails, they are handed back to it. So drop a
+    thousands of them per collection), and so are the Python functions given
+    to ``then_apply``/``then_accept``/``then_compose`` of an in-flight future,
+    with their closures, until they have run (``gc.is_tracked`` says False
+    meanwhile); completed, failed, or left when the controller is dropped or
+    fails, they are handed back to it. So drop a
     controller after :meth:`drain` or after it raised: a controller dropped
     with records in flight whose callbacks refer back to the controller itself
     is never freed.
