@@ -588,6 +588,9 @@ cdef extern from "Python.h":
     bint _is_exact_int "PyLong_CheckExact"(PyObject *o)
     long long _as_long_long "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow)
 
+cdef extern from "fastint.h":
+    bint cm_fast_int(PyObject *o, int64_t *out)
+
 cdef enum:
     HINT_D = 12  # items between the three prefetch stages of a multi-map batch and the item's own lookup
     HINT_RING = 64  # > 3 * HINT_D, a power of two: the items resolved and not yet looked up
@@ -604,7 +607,7 @@ cdef inline void _hint_resolve(list maps, list kgs, list keys, list namespaces, 
     anything unexpected (the lists may change under a batch whose keys run
     Python code)."""
     cdef int overflow = 0
-    cdef long long kg
+    cdef int64_t kg
     cdef PyObject *o
     cdef uint32_t hash
     if j >= _list_size(<PyObject *>kgs) or j >= _list_size(<PyObject *>keys) or j >= _list_size(<PyObject *>namespaces):
@@ -612,7 +615,8 @@ cdef inline void _hint_resolve(list maps, list kgs, list keys, list namespaces, 
     o = _list_item(<PyObject *>kgs, j)
     if not _is_exact_int(o):
         return
-    kg = _as_long_long(o, &overflow)  # cannot fail for an exact int
+    if not cm_fast_int(o, &kg):
+        kg = _as_long_long(o, &overflow)  # cannot fail for an exact int
     if overflow or kg < 0 or kg >= _list_size(<PyObject *>maps):
         return
     o = _list_item(<PyObject *>maps, <Py_ssize_t>kg)

@@ -34,6 +34,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include "fastint.h"
 
 #define CM_PAGE_MAX_BITS 9u
 /* Entry chunks: chunk c < CM_GEO_CHUNKS holds 64 << c entries, so small maps
@@ -439,9 +440,10 @@ static int cm_probe_ns(cm_probe *p, PyObject *ns, Py_hash_t *hn) {
         return -1;
     }
     if (PyLong_CheckExact(ns)) {
+        int64_t v;
         int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(ns, &overflow);
-        if (!overflow) { *hn = cm_int_hash((int64_t)v); p->ns = ns; return 0; }
+        if (!cm_fast_int(ns, &v)) v = (int64_t)PyLong_AsLongLongAndOverflow(ns, &overflow);
+        if (!overflow) { *hn = cm_int_hash(v); p->ns = ns; return 0; }
     }
     *hn = PyObject_Hash(ns);
     if (*hn == -1 && PyErr_Occurred()) return -1;
@@ -451,11 +453,12 @@ static int cm_probe_ns(cm_probe *p, PyObject *ns, Py_hash_t *hn) {
 
 static int cm_probe_key(cm_probe *p, PyObject *key, Py_hash_t *hk) {
     if (PyLong_CheckExact(key)) {
+        int64_t v;
         int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(key, &overflow);
+        if (!cm_fast_int(key, &v)) v = (int64_t)PyLong_AsLongLongAndOverflow(key, &overflow);
         if (!overflow) {
-            p->key = key; p->ikey = (int64_t)v; p->is_int = 1;
-            *hk = cm_int_hash((int64_t)v);
+            p->key = key; p->ikey = v; p->is_int = 1;
+            *hk = cm_int_hash(v);
             return 0;
         }
     } else if (CM_UNLIKELY(key == Py_None)) {
@@ -827,10 +830,11 @@ static int cm_transform(cm_map *m, PyObject *key, PyObject *ns, PyObject *value,
 static inline int cm_hint_hash(PyObject *o, Py_hash_t *h) {
     PyTypeObject *t = Py_TYPE(o);
     if (t == &PyLong_Type) {
+        int64_t v;
         int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(o, &overflow); /* cannot fail for an exact int */
+        if (!cm_fast_int(o, &v)) v = (int64_t)PyLong_AsLongLongAndOverflow(o, &overflow); /* cannot fail */
         if (overflow) return 0;
-        *h = cm_int_hash((int64_t)v);
+        *h = cm_int_hash(v);
         return 1;
     }
     if (t == &PyUnicode_Type) {

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <math.h>
+#include "fastint.h"
 
 static inline uint32_t kh_rotl(uint32_t x, int r) { return (x << r) | (x >> (32 - r)); }
 
@@ -73,6 +74,11 @@ static int kh_bigint(PyObject *v, int32_t *out) {
 }
 
 static int kh_pylong(PyObject *v, int32_t *out) {
+    int64_t fast;
+    if (cm_fast_int(v, &fast)) {
+        *out = kh_int64(fast);
+        return 0;
+    }
     int overflow = 0;
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (!overflow) {

@@ -142,3 +142,21 @@ def test_copier_is_never_called_with_none() -> None:
     with m.snapshot():
         assert m.get("k", 0) is None
         assert m.put_and_get_old("k", 0, [1]) is None
+
+
+def test_int_keys_at_digit_boundaries_round_trip() -> None:
+    """Int keys and namespaces are read without the C API where they fit in int64
+    (src/cowmap/fastint.h) and stored inline: every boundary of CPython's 30-bit
+    digits, and int64's own, must come back as the same value."""
+    from cowmap import CopyOnWriteStateMap
+
+    values = sorted({s * (2**b + d) for b in (0, 15, 30, 31, 59, 60, 61, 62, 63, 64, 90)
+                     for d in (-1, 0, 1) for s in (1, -1)})
+    m = CopyOnWriteStateMap()
+    for i, v in enumerate(values):
+        m.put(v, v, i)
+    assert len(m) == len(values)
+    assert sorted((k, ns, s) for k, ns, s in m) == [(v, v, i) for i, v in enumerate(values)]
+    for i, v in enumerate(values):
+        assert m.get(int(str(v)), int(str(v))) == i  # an equal int, another object
+        assert m.get(v, v + 1) is None

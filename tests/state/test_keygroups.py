@@ -137,3 +137,17 @@ def test_custom_key_hash_hook() -> None:
             return self.number
 
     assert key_group_for(Account(7), 128) == key_group_for(7, 128)
+
+
+@given(st.one_of(st.integers(-(2**63), 2**63 - 1), st.sampled_from(
+    [s * (2**b + d) for b in (30, 60, 63) for d in (-1, 0, 1) for s in (1, -1) if -(2**63) <= s * (2**b + d) < 2**63])))
+def test_int_key_hash_is_javas_hashcode(v) -> None:
+    """Ints are read without the C API where they fit (src/cowmap/fastint.h): the hash
+    must be Java's Integer.hashCode in int32 range and Long.hashCode beyond, for every
+    int64, digit boundaries included."""
+    if -(2**31) <= v < 2**31:
+        assert key_hash(v) == v
+        return
+    u = v & 0xFFFFFFFFFFFFFFFF
+    h = (u ^ (u >> 32)) & 0xFFFFFFFF
+    assert key_hash(v) == (h - 2**32 if h >= 2**31 else h)

@@ -1,0 +1,42 @@
+/*
+ * The int64 value of a Python int without a call into the interpreter.
+ *
+ * Hashing a key starts with its value, and PyLong_AsLongLongAndOverflow is an
+ * out-of-line call of ~40 instructions: a sizeable part of a single-key lookup
+ * (two per lookup, key and namespace). Ints of up to three 30-bit digits that
+ * fit in int64 are read here from CPython 3.11's digit array; anything else
+ * (other layouts, 15-bit digits, bigger values) reports "not handled" and the
+ * caller uses the API call.
+ */
+#ifndef COWMAP_FASTINT_H
+#define COWMAP_FASTINT_H
+
+#include <Python.h>
+#include <stdint.h>
+
+/* 1 with *out set if `o` (a PyLong, or a subclass) was read here, 0 if not. */
+static inline int cm_fast_int(PyObject *o, int64_t *out) {
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+    Py_ssize_t size = Py_SIZE(o);
+    Py_ssize_t n = size < 0 ? -size : size;
+    const digit *d = ((PyLongObject *)o)->ob_digit;
+    uint64_t u;
+    if (n == 0)
+        u = 0;
+    else if (n == 1)
+        u = d[0];
+    else if (n == 2)
+        u = (uint64_t)d[0] | ((uint64_t)d[1] << 30);
+    else if (n == 3 && d[2] < 8u) /* < 2**63 */
+        u = (uint64_t)d[0] | ((uint64_t)d[1] << 30) | ((uint64_t)d[2] << 60);
+    else
+        return 0;
+    *out = size < 0 ? -(int64_t)u : (int64_t)u;
+    return 1;
+#else
+    (void)o; (void)out;
+    return 0;
+#endif
+}
+
+#endif
