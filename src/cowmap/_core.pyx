@@ -10,6 +10,7 @@ from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.string cimport memset
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from cpython.number cimport PyIndex_Check
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 
@@ -69,7 +70,7 @@ cdef inline int64_t _as_time(object t, str what="ts") except? -1:
         return t
     if t is _WALL_CLOCK:
         return _wall_ms()
-    if callable(t) and not hasattr(t, "__index__"):
+    if callable(t) and not PyIndex_Check(t):  # (the type's __index__ slot: no lookup that may raise)
         now = t()
         if type(now) is not int:
             raise TypeError(f"time_provider must return int milliseconds, got {now!r}")

@@ -967,6 +967,39 @@ def test_ttl_accesses_read_the_time_provider_once_each() -> None:
         assert len(calls) == 1
 
 
+class _InstanceClock:
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+class _SubClock(_InstanceClock):
+    pass
+
+
+class _StaticClock:
+    now = 1_000
+    __call__ = staticmethod(lambda: _StaticClock.now)
+
+
+@pytest.mark.parametrize("kind", ["instance", "subclass", "staticmethod"])
+def test_callable_instances_as_time_providers(kind: str) -> None:
+    """A clock object is called the way Python calls it, whatever its class's __call__
+    is (the backend binds a plain-function __call__ once, see backend._direct_call)."""
+    clock: Any = {"instance": _InstanceClock, "subclass": _SubClock, "staticmethod": _StaticClock}[kind]()
+    backend = KeyedStateBackend(time_provider=clock)
+    desc = ValueStateDescriptor("v")
+    desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=10)).build())
+    state = backend.get_state(desc)
+    backend.set_current_key("k")
+    state.update(1)
+    assert backend.now() == 1_000 and state.value() == 1
+    type(clock).now = clock.now = 1_010  # exactly expired (ts + ttl <= now)
+    assert backend.now() == 1_010 and state.value() is None
+
+
 def test_a_time_provider_returning_no_int_fails_the_access() -> None:
     backend = KeyedStateBackend(time_provider=lambda: 5)
     backend._time = lambda: 5.0  # type: ignore[assignment]  # (the constructor checks the first read)
