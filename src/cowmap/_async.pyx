@@ -1043,7 +1043,7 @@ cdef class AsyncExecutionController:
             ns = None
         else:
             p = cowmap_slot_peek(state, &_ns_slot)
-            ns = <object>p if p != NULL else _namespace_of(state)
+            ns = <object>p if p != NULL else _state_slot(state, _NS, &_ns_slot, "async state requests")
         req = _new_future(self.mailbox, ctx)  # (untracked: see "GC visibility")
         req._kind = K_REQUEST
         req._fn = state
@@ -1473,29 +1473,20 @@ cdef str _AEC = "_aec"
 cdef str _NS = "_ns"
 
 
-cdef object _namespace_of(state):
-    """``state._ns``; TypeError if ``state`` is not a state."""
+cdef object _state_slot(state, str name, cowmap_slot_cache *c, str what):
+    """``state.<name>``, a slot of the state views (the miss path of
+    cowmap_slot_peek); TypeError "``what`` need a state" if ``state`` is none."""
     try:
-        return cowmap_slot_get(state, _NS, &_ns_slot)
+        return cowmap_slot_get(state, name, c)
     except AttributeError:
-        if hasattr(type(state), _NS):  # a state, with the slot unset
+        if hasattr(type(state), name):  # a state, with the slot unset
             raise
-        raise TypeError(f"async state requests need a state, not {type(state).__name__}") from None
-
-
-cdef object _backend_of(state):
-    """``state._b``; TypeError if ``state`` is not a state."""
-    try:
-        return cowmap_slot_get(state, _B, &_b_slot)
-    except AttributeError:
-        if hasattr(type(state), _B):  # a state, with the slot unset
-            raise
-        raise TypeError(f"async state methods need a state, not {type(state).__name__}") from None
+        raise TypeError(f"{what} need a state, not {type(state).__name__}") from None
 
 
 cdef AsyncExecutionController _aec_of(state):
     cdef PyObject *p = cowmap_slot_peek(state, &_b_slot)
-    b = <object>p if p != NULL else _backend_of(state)
+    b = <object>p if p != NULL else _state_slot(state, _B, &_b_slot, "async state methods")
     p = cowmap_slot_peek(b, &_aec_get)
     aec = <object>p if p != NULL else cowmap_slot_get(b, _AEC, &_aec_get)
     if PyWeakref_CheckRef(aec):
