@@ -1097,7 +1097,6 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             kring[i & (CM_FR - 1u)] = kv;
             const cm_page *pg = t->pages[(h & cmask) >> shift];
             if (pg) CM_PREFETCH(&pg->slots[h & pmask]);
-            if (mode == CM_B_PUT) CM_PREFETCH_W(cm_seq_get(bt->states, i)); /* INCREF'd when written */
         }
         Py_ssize_t j = i - (Py_ssize_t)(CM_FD / 3);
         if (j >= start && j < n) {
@@ -1116,7 +1115,11 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
                 uint32_t h = ring[j & (CM_FR - 1u)];
                 const cm_page *pg = t->pages[(h & cmask) >> shift];
                 uint32_t e = pg ? pg->slots[h & pmask] : 0u;
-                if (e) CM_PREFETCH_W(cm_E(m, e)->state); /* the old state's refcount is written */
+                PyObject *nw = cm_seq_get(bt->states, j), *old = e ? cm_E(m, e)->state : NULL;
+                if (old != nw) { /* both refcounts are written (unless it is the same object, below) */
+                    if (old) CM_PREFETCH_W(old);
+                    if (nw) CM_PREFETCH_W(nw);
+                }
             }
         }
         j = i - (Py_ssize_t)CM_FD;
@@ -1148,6 +1151,13 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
              * own it before the insert (which may too); a failure leaves no entry */
             PyObject *ns_state = cm_seq_item(bt->states, j, "states");
             if (!ns_state) return -1;
+            if (hit && hit->state == ns_state && cm_ev(hit) >= m->required) {
+                /* the state it holds (say a mutable state changed in place and
+                 * put back): no reference changes hands, neither object is touched */
+                hit->sv = m->version;
+                hit->ts = bt->ts;
+                continue;
+            }
             Py_INCREF(ns_state);
             if (!hit) {
                 uint32_t w = cm_add_entry(m, &p, &m->primary);

@@ -456,3 +456,31 @@ def test_multi_map_calls_hold_no_map_after_the_call_even_when_lists_change() -> 
     del tmp_maps, tmp_kgs, k, batch_keys
     gc.collect()
     assert [r() for r in gone] == [None] * 4
+
+
+def test_put_many_of_the_states_already_held() -> None:
+    """A numpy put_many of the very objects the entries hold (mutable states changed in
+    place and put back) changes no reference count, still stamps the timestamp, and
+    still leaves a snapshot's view alone."""
+
+    class State:
+        pass
+
+    keys = np.arange(0, 3000, 3, dtype=np.int64)
+    states = [State() for _ in keys]
+    m = CopyOnWriteStateMap()
+    m.put_many(keys, "ns", states, ts=1)
+    before = [sys.getrefcount(s) for s in states]
+    m.put_many(keys, "ns", states, ts=2)
+    assert [sys.getrefcount(s) for s in states] == before
+    assert [m.get_with_timestamp(int(k), "ns") for k in keys] == [(s, 2) for s in states]
+    with m.snapshot() as snap:
+        m.put_many(keys, "ns", states, ts=3)  # shared with the snapshot: entries copied
+        m.put_many(keys[::2], "ns", states[::2], ts=4)  # copied already: held states again
+        assert sorted((k, s) for k, _, s in snap) == sorted(zip(keys.tolist(), states))
+        assert {ts for *_, ts in snap.iter_with_timestamps()} == {2}
+        assert all(m.get_with_timestamp(int(k), "ns")[1] == (4 if i % 2 == 0 else 3) for i, k in enumerate(keys))
+    del snap
+    gc.collect()
+    assert [sys.getrefcount(s) for s in states] == before
+    assert [m.get(int(k), "ns") for k in keys] == states
