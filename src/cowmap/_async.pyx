@@ -67,12 +67,6 @@ cdef object _PENDING = object()  # the result of a pending future
 # references), so a dropped controller is freed by reference counting and can
 # hand its in-flight objects back to the GC.
 
-cdef inline int _untrack(object o) except -1:
-    if PyObject_GC_IsTracked(o):
-        PyObject_GC_UnTrack(o)
-    return 0
-
-
 cdef inline int _track(object o) except -1:
     if not PyObject_GC_IsTracked(o):
         PyObject_GC_Track(o)
@@ -302,17 +296,17 @@ cdef class StateFuture:
     @property
     def _state(self):
         """A request's state (None if not a request)."""
-        return self._fn if self._kind == K_REQUEST else None
+        return _rq_state(self) if self._kind == K_REQUEST else None
 
     @property
     def _op(self):
         """A request's state method name (None if not a request)."""
-        return self._fn2 if self._kind == K_REQUEST else None
+        return _rq_op(self) if self._kind == K_REQUEST else None
 
     @property
     def _ns(self):
         """A request's namespace (None if not a request)."""
-        return self._aux if self._kind == K_REQUEST else None
+        return _rq_ns(self) if self._kind == K_REQUEST else None
 
     @property
     def _args(self):
@@ -1036,14 +1030,12 @@ cdef class AsyncExecutionController:
         ``args`` is a tuple, or with ``one_arg`` the single argument."""
         cdef RecordContext ctx = self._current
         cdef StateFuture req
-        cdef PyObject *p
         if ctx is None:
             raise RuntimeError("async state calls must be made inside AsyncExecutionController.process")
         if state is None:
             ns = None
         else:
-            p = cowmap_slot_peek(state, &_ns_slot)
-            ns = <object>p if p != NULL else _state_slot(state, _NS, &_ns_slot, "async state requests")
+            ns = _state_slot(state, _NS, &_ns_slot, "async state requests")
         req = _new_future(self.mailbox, ctx)  # (untracked: see "GC visibility")
         req._kind = K_REQUEST
         req._fn = state
@@ -1440,6 +1432,10 @@ cdef inline object _table_of(state):
     cdef PyObject *p = cowmap_slot_peek(state, &_t_slot)
     if p != NULL:
         return <object>p
+    return _table_of_miss(state)
+
+
+cdef object _table_of_miss(state):
     try:
         return cowmap_slot_get(state, _T, &_t_slot)
     except AttributeError:
@@ -1473,9 +1469,17 @@ cdef str _AEC = "_aec"
 cdef str _NS = "_ns"
 
 
-cdef object _state_slot(state, str name, cowmap_slot_cache *c, str what):
-    """``state.<name>``, a slot of the state views (the miss path of
-    cowmap_slot_peek); TypeError "``what`` need a state" if ``state`` is none."""
+cdef inline object _state_slot(state, str name, cowmap_slot_cache *c, str what):
+    """``state.<name>``, a slot of the state views; TypeError "``what`` need a
+    state" if ``state`` is none. A cache hit is a plain read: the try block is
+    in another function (Cython pays for one on entering the function)."""
+    cdef PyObject *p = cowmap_slot_peek(state, c)
+    if p != NULL:
+        return <object>p
+    return _state_slot_miss(state, name, c, what)
+
+
+cdef object _state_slot_miss(state, str name, cowmap_slot_cache *c, str what):
     try:
         return cowmap_slot_get(state, name, c)
     except AttributeError:
@@ -1485,10 +1489,8 @@ cdef object _state_slot(state, str name, cowmap_slot_cache *c, str what):
 
 
 cdef AsyncExecutionController _aec_of(state):
-    cdef PyObject *p = cowmap_slot_peek(state, &_b_slot)
-    b = <object>p if p != NULL else _state_slot(state, _B, &_b_slot, "async state methods")
-    p = cowmap_slot_peek(b, &_aec_get)
-    aec = <object>p if p != NULL else cowmap_slot_get(b, _AEC, &_aec_get)
+    b = _state_slot(state, _B, &_b_slot, "async state methods")
+    aec = cowmap_slot_get(b, _AEC, &_aec_get)
     if PyWeakref_CheckRef(aec):
         aec = <object>PyWeakref_GetObject(aec)
     if aec is None:

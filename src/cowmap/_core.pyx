@@ -587,10 +587,9 @@ cdef extern from "Python.h":
     Py_ssize_t _list_size "PyList_GET_SIZE"(PyObject *l)
     PyObject *_list_item "PyList_GET_ITEM"(PyObject *l, Py_ssize_t i)
     bint _is_exact_int "PyLong_CheckExact"(PyObject *o)
-    long long _as_long_long "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow)
 
 cdef extern from "fastint.h":
-    bint cm_fast_int(PyObject *o, int64_t *out)
+    int64_t cm_as_int64(PyObject *o, int *overflow)
 
 cdef enum:
     HINT_D = 12  # items between the three prefetch stages of a multi-map batch and the item's own lookup
@@ -616,8 +615,7 @@ cdef inline void _hint_resolve(list maps, list kgs, list keys, list namespaces, 
     o = _list_item(<PyObject *>kgs, j)
     if not _is_exact_int(o):
         return
-    if not cm_fast_int(o, &kg):
-        kg = _as_long_long(o, &overflow)  # cannot fail for an exact int
+    kg = cm_as_int64(o, &overflow)  # cannot fail for an exact int
     if overflow or kg < 0 or kg >= _list_size(<PyObject *>maps):
         return
     o = _list_item(<PyObject *>maps, <Py_ssize_t>kg)

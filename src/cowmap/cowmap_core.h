@@ -440,9 +440,8 @@ static int cm_probe_ns(cm_probe *p, PyObject *ns, Py_hash_t *hn) {
         return -1;
     }
     if (PyLong_CheckExact(ns)) {
-        int64_t v;
-        int overflow = 0;
-        if (!cm_fast_int(ns, &v)) v = (int64_t)PyLong_AsLongLongAndOverflow(ns, &overflow);
+        int overflow;
+        int64_t v = cm_as_int64(ns, &overflow);
         if (!overflow) { *hn = cm_int_hash(v); p->ns = ns; return 0; }
     }
     *hn = PyObject_Hash(ns);
@@ -453,9 +452,8 @@ static int cm_probe_ns(cm_probe *p, PyObject *ns, Py_hash_t *hn) {
 
 static int cm_probe_key(cm_probe *p, PyObject *key, Py_hash_t *hk) {
     if (PyLong_CheckExact(key)) {
-        int64_t v;
-        int overflow = 0;
-        if (!cm_fast_int(key, &v)) v = (int64_t)PyLong_AsLongLongAndOverflow(key, &overflow);
+        int overflow;
+        int64_t v = cm_as_int64(key, &overflow);
         if (!overflow) {
             p->key = key; p->ikey = v; p->is_int = 1;
             *hk = cm_int_hash(v);
@@ -830,9 +828,8 @@ static int cm_transform(cm_map *m, PyObject *key, PyObject *ns, PyObject *value,
 static inline int cm_hint_hash(PyObject *o, Py_hash_t *h) {
     PyTypeObject *t = Py_TYPE(o);
     if (t == &PyLong_Type) {
-        int64_t v;
-        int overflow = 0;
-        if (!cm_fast_int(o, &v)) v = (int64_t)PyLong_AsLongLongAndOverflow(o, &overflow); /* cannot fail */
+        int overflow;
+        int64_t v = cm_as_int64(o, &overflow); /* cannot fail for an exact int */
         if (overflow) return 0;
         *h = cm_int_hash(v);
         return 1;

@@ -5,8 +5,7 @@
  * out-of-line call of ~40 instructions: a sizeable part of a single-key lookup
  * (two per lookup, key and namespace). Ints of up to three 30-bit digits that
  * fit in int64 are read here from CPython 3.11's digit array; anything else
- * (other layouts, 15-bit digits, bigger values) reports "not handled" and the
- * caller uses the API call.
+ * (other layouts, 15-bit digits, bigger values) goes to the API call.
  */
 #ifndef COWMAP_FASTINT_H
 #define COWMAP_FASTINT_H
@@ -37,6 +36,16 @@ static inline int cm_fast_int(PyObject *o, int64_t *out) {
     (void)o; (void)out;
     return 0;
 #endif
+}
+
+/* PyLong_AsLongLongAndOverflow, with the read above first. */
+static inline int64_t cm_as_int64(PyObject *o, int *overflow) {
+    int64_t v;
+    if (cm_fast_int(o, &v)) {
+        *overflow = 0;
+        return v;
+    }
+    return (int64_t)PyLong_AsLongLongAndOverflow(o, overflow);
 }
 
 #endif

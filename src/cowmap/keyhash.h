@@ -74,16 +74,11 @@ static int kh_bigint(PyObject *v, int32_t *out) {
 }
 
 static int kh_pylong(PyObject *v, int32_t *out) {
-    int64_t fast;
-    if (cm_fast_int(v, &fast)) {
-        *out = kh_int64(fast);
-        return 0;
-    }
     int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    int64_t x = cm_as_int64(v, &overflow);
     if (!overflow) {
         if (x == -1 && PyErr_Occurred()) return -1;
-        *out = kh_int64((int64_t)x);
+        *out = kh_int64(x);
         return 0;
     }
     return kh_bigint(v, out);
