@@ -13,6 +13,9 @@ NO_TIMESTAMP: int
 EXPIRED: object
 """What ``get_unexpired`` returns for an expired entry."""
 
+def block_stats() -> dict[str, Any]:
+    """The core's block allocator: ``mapped`` bytes, ``blocks`` in use, ``huge_pages`` (bool)."""
+
 def wall_clock_ms() -> int:
     """Milliseconds since the Unix epoch (the backend's default time provider)."""
 

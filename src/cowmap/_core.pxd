@@ -88,3 +88,11 @@ cdef extern from "cowmap_core.h":
     int cm_visit_next(cm_map *m, cm_cursor *c, uint32_t max_empty, cm_vpos *out)
     object cm_chain_list(const cm_map *m, const cm_vpos *vp)
     size_t cm_bytes(const cm_map *m)
+
+
+cdef extern from "hugealloc.h":
+    ctypedef struct cm_ha_state:
+        size_t live
+    cm_ha_state cm_ha
+    size_t cm_ha_mapped()
+    int CM_HA_ON

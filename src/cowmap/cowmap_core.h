@@ -26,7 +26,9 @@
  * (a key's __eq__, a copier or a transform function calling back into the
  * map); a last reference to an object is released only once the map is
  * consistent again (other DECREFs run no Python code and happen at once).
- * Memory is taken with PyMem_Raw* so tracemalloc accounts for it.
+ * Memory is taken with PyMem_Raw*, and entry chunks and full bucket pages
+ * with cm_ha_alloc (huge pages where the OS grants them, hugealloc.h); both
+ * are traced by tracemalloc.
  */
 #ifndef COWMAP_CORE_H
 #define COWMAP_CORE_H
@@ -35,6 +37,7 @@
 #include <stdint.h>
 #include <string.h>
 #include "fastint.h"
+#include "hugealloc.h"
 
 #define CM_PAGE_MAX_BITS 9u
 /* Entry chunks: chunk c < CM_GEO_CHUNKS holds 64 << c entries, so small maps
@@ -77,7 +80,7 @@ typedef struct {
 
 typedef struct {
     uint32_t version;
-    uint32_t _pad;
+    uint32_t shift;    /* log2 of the slot count: the page's size when it is freed */
     uint32_t slots[];
 } cm_page;
 
@@ -211,6 +214,11 @@ static inline uint32_t cm_chunk_start(uint32_t c) {
     return ((1u << c) - 1u) << CM_CHUNK0_BITS;
 }
 
+static inline size_t cm_chunk_bytes(uint32_t c) {
+    size_t n = c < CM_GEO_CHUNKS ? (size_t)1 << (c + CM_CHUNK0_BITS) : (size_t)1 << CM_BIG_BITS;
+    return n * sizeof(cm_entry);
+}
+
 static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
     uint32_t c = cm_chunk_of(i);
     return m->chunks[c] + (i - cm_chunk_start(c));
@@ -252,8 +260,21 @@ static inline uint32_t cm_slot_get(const cm_table *t, uint32_t b) {
     return p ? p->slots[b & (cm_page_slots(t) - 1u)] : 0u;
 }
 
+static inline size_t cm_page_bytes(uint32_t shift) {
+    return sizeof(cm_page) + ((size_t)sizeof(uint32_t) << shift);
+}
+
+static cm_page *cm_page_alloc(cm_map *m, uint32_t shift, int zero) {
+    cm_page *p = (cm_page *)cm_ha_alloc(cm_page_bytes(shift), zero);
+    if (!p) return NULL;
+    p->version = m->version;
+    p->shift = shift;
+    m->npages_live++;
+    return p;
+}
+
 static void cm_page_free(cm_map *m, cm_page *p) {
-    PyMem_RawFree(p);
+    cm_ha_free(p, cm_page_bytes(p->shift));
     m->npages_live--;
 }
 
@@ -267,19 +288,14 @@ static uint32_t *cm_slot_w(cm_map *m, cm_table *t, uint32_t b) {
     uint32_t pi = b >> t->page_shift, n = cm_page_slots(t);
     cm_page *p = t->pages[pi];
     if (CM_UNLIKELY(!p)) {
-        p = (cm_page *)PyMem_RawCalloc(1, sizeof(cm_page) + (size_t)n * sizeof(uint32_t));
-        if (!p) { PyErr_NoMemory(); return NULL; }
-        p->version = m->version;
-        m->npages_live++;
+        p = cm_page_alloc(m, t->page_shift, 1);
+        if (!p) return NULL;
         t->pages[pi] = p;
     } else if (CM_UNLIKELY(p->version < m->required)) {
-        cm_page *np = (cm_page *)PyMem_RawMalloc(sizeof(cm_page) + (size_t)n * sizeof(uint32_t));
-        if (!np) { PyErr_NoMemory(); return NULL; }
+        cm_page *np = cm_page_alloc(m, t->page_shift, 0);
+        if (!np) return NULL;
         memcpy(np->slots, p->slots, (size_t)n * sizeof(uint32_t));
-        np->version = m->version;
-        np->_pad = 0;
-        m->npages_live++;
-        if (cm_retire_page(m, p) < 0) { PyMem_RawFree(np); m->npages_live--; return NULL; }
+        if (cm_retire_page(m, p) < 0) { cm_page_free(m, np); return NULL; }
         t->pages[pi] = np;
         p = np;
     }
@@ -308,9 +324,8 @@ static uint32_t cm_entry_alloc(cm_map *m) {
             if (!na) { PyErr_NoMemory(); return 0; }
             m->chunks = na; m->chunks_cap = nc;
         }
-        size_t n = c < CM_GEO_CHUNKS ? (size_t)1 << (c + CM_CHUNK0_BITS) : (size_t)1 << CM_BIG_BITS;
-        cm_entry *chunk = (cm_entry *)PyMem_RawMalloc(n * sizeof(cm_entry));
-        if (!chunk) { PyErr_NoMemory(); return 0; }
+        cm_entry *chunk = (cm_entry *)cm_ha_alloc(cm_chunk_bytes(c), 0);
+        if (!chunk) return 0;
         m->chunks[m->nchunks++] = chunk;
     }
     m->next_unused = i + 1;
@@ -1747,7 +1762,7 @@ static void cm_dealloc(cm_map *m) {
     m->rq = NULL;
     cm_free_table_pages(m, &m->primary);
     cm_free_table_pages(m, &m->rehash);
-    for (uint32_t c = 0; c < m->nchunks; c++) PyMem_RawFree(m->chunks[c]);
+    for (uint32_t c = 0; c < m->nchunks; c++) cm_ha_free(m->chunks[c], cm_chunk_bytes(c));
     PyMem_RawFree(m->chunks);
     m->chunks = NULL;
     PyMem_RawFree(m->snaps);

@@ -1,0 +1,131 @@
+"""The core's block allocator (``hugealloc.h``): entry chunks and bucket pages come
+from 2 MiB-aligned regions offered to the kernel for huge pages.
+
+What must hold: every block goes back when its map goes (through snapshots, retired
+pages and rehash too), tracemalloc traces the blocks as it traces ``PyMem_Raw*``
+memory, freed blocks are reused, big freed blocks give their memory back to the OS
+at once, and the regions are unmapped once no block is in use. Process-wide
+figures are checked in a fresh interpreter, where no other map holds blocks.
+"""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import tracemalloc
+
+import numpy as np
+
+from cowmap import CopyOnWriteStateMap
+from cowmap._core import block_stats
+
+ENTRY_BYTES = 48  # sizeof(cm_entry)
+
+
+def _fill(m: CopyOnWriteStateMap, n: int, start: int = 0) -> None:
+    m.put_many(np.arange(start, start + n, dtype=np.int64), 0, [None] * n)
+
+
+def _run(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_blocks_return_when_maps_go_through_snapshots_and_rehash() -> None:
+    gc.collect()
+    before = block_stats()["blocks"]
+    m = CopyOnWriteStateMap()
+    snaps = []
+    for r in range(6):  # grows through several rehashes with snapshots pinning pages and entries
+        _fill(m, 20_000, start=r * 10_000)
+        snaps.append(m.snapshot())
+        m.remove_many(np.arange(r * 10_000, r * 10_000 + 5_000, dtype=np.int64), 0)
+    assert block_stats()["blocks"] > before
+    for snap in snaps[::2]:
+        snap.release()
+    del snaps, snap  # a released snapshot still refers to its map
+    assert block_stats()["blocks"] > before  # the map still holds its own
+    del m
+    gc.collect()
+    assert block_stats()["blocks"] == before
+
+
+def test_tracemalloc_traces_the_blocks() -> None:
+    n = 200_000
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        m = CopyOnWriteStateMap()
+        _fill(m, n)
+        grown = tracemalloc.get_traced_memory()[0] - base
+        # the states are one shared None: what is traced is the map's own memory
+        assert grown >= n * ENTRY_BYTES
+        assert grown >= m.memory_stats()["bytes"] * 0.9
+        del m
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - base < 64 * 1024
+    finally:
+        tracemalloc.stop()
+
+
+def test_freed_blocks_are_reused() -> None:
+    m = CopyOnWriteStateMap()
+    _fill(m, 300_000)
+    del m
+    mapped = block_stats()["mapped"]
+    for _ in range(5):
+        m = CopyOnWriteStateMap()
+        _fill(m, 300_000)
+        del m
+    assert block_stats()["mapped"] <= mapped
+
+
+def test_regions_unmapped_once_no_block_is_in_use() -> None:
+    out = _run(
+        """
+        import numpy as np
+        from cowmap import CopyOnWriteStateMap
+        from cowmap._core import block_stats
+        assert block_stats() == {"mapped": 0, "blocks": 0, "huge_pages": True}, block_stats()
+        maps = []
+        for i in range(3):
+            m = CopyOnWriteStateMap()
+            m.put_many(np.arange(400_000, dtype=np.int64), i, [None] * 400_000)
+            maps.append(m)
+        print(block_stats()["mapped"])
+        del maps, m
+        s = block_stats()
+        print(s["mapped"], s["blocks"])
+        """
+    )
+    peak, after = out.split("\n", 1)
+    mapped, blocks = map(int, after.split())
+    assert int(peak) >= 3 * 400_000 * ENTRY_BYTES
+    assert blocks == 0
+    assert mapped <= 32 << 20  # one region kept for the next map
+
+
+def test_big_freed_blocks_leave_resident_memory_at_once() -> None:
+    out = _run(
+        """
+        import numpy as np
+        from cowmap import CopyOnWriteStateMap
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * 4096
+        keep = CopyOnWriteStateMap()
+        keep.put(1, 0, None)  # a block stays in use: no region is unmapped
+        m = CopyOnWriteStateMap()
+        n = 2_000_000
+        m.put_many(np.arange(n, dtype=np.int64), 0, [None] * n)
+        full = rss()
+        del m
+        print(full - rss(), n * 48)
+        """
+    )
+    dropped, chunk_bytes = map(int, out.split())
+    assert dropped >= chunk_bytes * 0.8
