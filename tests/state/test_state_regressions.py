@@ -156,3 +156,29 @@ def test_reading_states_while_looping_over_keys() -> None:
 def test_time_provider_must_return_int_milliseconds() -> None:
     with pytest.raises(TypeError, match="int milliseconds"):
         KeyedStateBackend(time_provider=lambda: 1000.0)
+
+
+@pytest.mark.parametrize("ukey", [int, str])
+def test_map_state_entries_add_nothing_to_a_full_collection(ukey) -> None:
+    """The links of MapState's insertion-order list are tuples of user keys: once a
+    collection has seen them, the garbage collector tracks nothing per user entry
+    (lists were tracked for good, so a full collection walked every entry)."""
+    backend = KeyedStateBackend()
+    ms = backend.get_map_state(MapStateDescriptor("m"))
+    gc.collect()
+    before = len(gc.get_objects())
+    n_keys, per_key = 20, 500
+    for k in range(n_keys):
+        backend.set_current_key(k)
+        for u in range(per_key):
+            ms.put(ukey(u), u * 1000)  # values are ints: untracked too
+    for k in range(n_keys):  # changes to the list after the first fill
+        backend.set_current_key(k)
+        ms.remove(ukey(7))
+        ms.put(ukey(per_key), 0)
+    gc.collect()
+    grown = len(gc.get_objects()) - before
+    assert grown < n_keys * 5, grown  # per key: a directory list and such, not per entry
+    backend.set_current_key(3)
+    keys = ms.keys()
+    assert len(keys) == per_key and keys[-1] == ukey(per_key) and ukey(7) not in keys

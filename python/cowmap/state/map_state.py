@@ -5,8 +5,11 @@ or the first write after a snapshot copies the whole user map. Here every user
 entry is its own core entry, keyed by ``(user_key, ctx)`` where ``ctx`` is the
 key (or ``(key, namespace, marker)`` outside the void namespace), holding the
 value itself and its own timestamp: a ``get`` or ``put`` is one core lookup.
-For iteration and ``clear()`` a second map holds each entry's links
-``[prev_user_key, next_user_key]`` and a directory entry per ``(key, namespace)``
+For iteration and ``clear()`` a second map holds each entry's links, a tuple
+``(prev_user_key, next_user_key)`` (immutable, so no copier; and a tuple of
+untracked objects, such as int or str user keys, drops out of the garbage
+collector's view at its first collection, so millions of entries add nothing
+to a full collection), and a directory entry per ``(key, namespace)``
 holds ``[count, head, tail]``: a doubly-linked list in insertion order.
 Copy-on-write, C sweeps and snapshots then work per entry: a read, a write, a
 cleanup step and the first write after a snapshot each touch O(1) entries.
@@ -57,7 +60,7 @@ class MapTable(StateTable):
     def map_for_write(self, kg: int) -> CopyOnWriteStateMap:
         m = self.maps[kg]
         if m is None:
-            self.links[kg] = CopyOnWriteStateMap(copier=list.copy)
+            self.links[kg] = CopyOnWriteStateMap()
             self.dirs[kg] = CopyOnWriteStateMap(copier=list.copy)
             m = super().map_for_write(kg)
         return m
@@ -78,18 +81,18 @@ class MapTable(StateTable):
         self.maps[kg].put(ukey, ctx, _NONE if value is None else value, ts)  # type: ignore[union-attr]
         dc = d.get(key, ns)  # type: ignore[union-attr]
         if dc is None:
-            L.put(ukey, ctx, [None, None])  # type: ignore[union-attr]
+            L.put(ukey, ctx, (None, None))  # type: ignore[union-attr]
             d.put(key, ns, [1, ukey, ukey])  # type: ignore[union-attr]
             return
         tail = dc[2]
-        L.put(ukey, ctx, [tail, None])  # type: ignore[union-attr]
-        L.get(tail, ctx)[1] = ukey  # type: ignore[union-attr,index]
+        L.put(ukey, ctx, (tail, None))  # type: ignore[union-attr]
+        L.put(tail, ctx, (L.get(tail, ctx)[0], ukey))  # type: ignore[union-attr,index]
         dc[0] += 1
         dc[2] = ukey
 
     def unlink(self, kg: int, ctx: Any, ukey: Any, gone: dict | None = None) -> None:
         """Unlink a user entry already removed from the value map. ``gone``:
-        links of entries removed with it, ``(user_key, ctx) -> [prev, next]``."""
+        links of entries removed with it, ``(user_key, ctx) -> (prev, next)``."""
         L = self.links[kg]
         d = self.dirs[kg]
         lk = gone[ukey, ctx] if gone else L.remove_and_get_old(ukey, ctx)  # type: ignore[union-attr]
@@ -108,11 +111,11 @@ class MapTable(StateTable):
         if p is None:
             dc[1] = n
         else:
-            L.get(p, ctx)[1] = n  # type: ignore[union-attr,index]
+            L.put(p, ctx, (L.get(p, ctx)[0], n))  # type: ignore[union-attr,index]
         if n is None:
             dc[2] = p
         else:
-            L.get(n, ctx)[0] = p  # type: ignore[union-attr,index]
+            L.put(n, ctx, (p, L.get(n, ctx)[1]))  # type: ignore[union-attr,index]
 
     def remove_entry(self, kg: int, ctx: Any, ukey: Any) -> None:
         if self.maps[kg].contains_key(ukey, ctx):  # type: ignore[union-attr]
