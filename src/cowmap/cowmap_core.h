@@ -1619,6 +1619,27 @@ static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t no
     return removed;
 }
 
+#define CM_SWEEP_PF 16u /* visit positions between prefetching a bucket's head entry and sweeping it */
+
+/* Prefetch the head entries of visit position p (both tables while a rehash
+ * runs). Hints only: a stale slot of the old table still names an allocated
+ * entry, and chunks are freed only with the map. */
+#if defined(__GNUC__)
+__attribute__((always_inline)) /* else deleted as a pure function (see cm_hint_at) */
+#endif
+static inline void cm_visit_prefetch(const cm_map *m, uint32_t p) {
+    const cm_table *ts[2] = {&m->rehash, &m->primary};
+    for (int k = 0; k < 2; k++) {
+        if (p >= ts[k]->capacity) continue;
+        uint32_t i = cm_slot_get(ts[k], p);
+        if (i) {
+            const char *e = (const char *)cm_E(m, i);
+            CM_PREFETCH(e);
+            CM_PREFETCH(e + sizeof(cm_entry) - 1);
+        }
+    }
+}
+
 /* Flink's incremental cleanup: visit chains until max_entries entries were
  * examined (or max_entries empty buckets scanned); wraps around at the end.
  * max_entries < 0: one full pass. Never calls into Python for the check. */
@@ -1630,8 +1651,11 @@ static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
     if (full || m->sweep.phase >= 2) cm_cursor_reset(m, &m->sweep);
     uint32_t budget = full || max_entries >= (Py_ssize_t)UINT32_MAX ? UINT32_MAX
                                                                     : (uint32_t)(max_entries > 0 ? max_entries : 1);
+    uint32_t pf = m->sweep.pos; /* next position to prefetch: entries are scattered, slots are not */
     while (full || examined < max_entries) {
         cm_vpos vp;
+        if (pf < m->sweep.pos) pf = m->sweep.pos;
+        for (uint32_t want = m->sweep.pos + CM_SWEEP_PF; pf < want; pf++) cm_visit_prefetch(m, pf);
         int r = cm_visit_next(m, &m->sweep, budget, &vp);
         if (r < 0) { m->sweep.phase = 2; break; } /* the next call starts a new round */
         if (r == 0) break;
