@@ -245,11 +245,12 @@ static inline void cm_grave(cm_map *m, PyObject *o) {
 static int cm_table_init(cm_table *t, uint32_t capacity) {
     uint32_t shift = 0;
     while ((1u << shift) < capacity && shift < CM_PAGE_MAX_BITS) shift++;
+    cm_page **pages = (cm_page **)PyMem_RawCalloc(capacity >> shift, sizeof(cm_page *));
+    if (!pages) { PyErr_NoMemory(); return -1; } /* t unchanged: a failed rehash start is not a rehash */
     t->capacity = capacity;
     t->page_shift = shift;
     t->npages = capacity >> shift;
-    t->pages = (cm_page **)PyMem_RawCalloc(t->npages, sizeof(cm_page *));
-    if (!t->pages) { PyErr_NoMemory(); return -1; }
+    t->pages = pages;
     return 0;
 }
 

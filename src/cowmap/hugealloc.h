@@ -1,6 +1,7 @@
 /*
  * Blocks for the core's big, long-lived arrays (entry chunks and full bucket
- * pages), carved from 2 MiB-aligned regions marked MADV_HUGEPAGE.
+ * pages), carved from 32 MiB regions aligned to their size (so to huge
+ * pages too) and marked MADV_HUGEPAGE.
  *
  * Why: a lookup in a big map misses the cache on a bucket page and on an
  * entry chunk. On 4 KiB pages each of those misses also misses the TLB, and
@@ -13,11 +14,14 @@
  *
  * Each block size the core asks for (a handful: the chunk sizes and the page
  * size) has a free list; a freed block is reused by the next allocation of its
- * size. A freed block of >= CM_HA_GIVE_BACK bytes returns its memory to the OS
- * at once (MADV_DONTNEED), and once no block is in use every region but the
- * newest is unmapped, so a process that drops its maps gets its memory back.
- * Every block is reported to tracemalloc, as PyMem_Raw* blocks are.
- * Called with the GIL held only: the GIL serialises the free lists.
+ * size. Regions are aligned to their size, so a block finds its region's
+ * header (the region's first cache line) by masking its address; the header
+ * counts the region's blocks in use and lists its free ones. A region whose
+ * last block is freed is unmapped at once (its free blocks leave the free
+ * lists first), except the region new blocks are carved from. A freed block
+ * of >= CM_HA_GIVE_BACK bytes also returns its whole OS pages at once
+ * (MADV_DONTNEED; the page size is the OS's, as madvise rounds lengths up). Every block is reported to tracemalloc, as PyMem_Raw*
+ * blocks are. Called with the GIL held only: the GIL serialises all of this.
  */
 #ifndef COWMAP_HUGEALLOC_H
 #define COWMAP_HUGEALLOC_H
@@ -34,24 +38,34 @@
 #define CM_HA_ON 0
 #endif
 
-#define CM_HA_HUGE ((size_t)2 << 20)         /* huge page size and region alignment */
-#define CM_HA_REGION ((size_t)32 << 20)      /* bytes mapped at a time */
+#define CM_HA_REGION ((size_t)32 << 20)      /* bytes mapped at a time, and their alignment */
 #define CM_HA_MIN_BLOCK ((size_t)2048)      /* blocks outside [MIN, MAX] come from PyMem_RawMalloc */
 #define CM_HA_MAX_BLOCK (CM_HA_REGION / 4)
 #define CM_HA_GIVE_BACK ((size_t)1 << 20)
 #define CM_HA_CLASSES 24
 #define CM_HA_GRAIN ((size_t)64)             /* blocks start on cache lines */
 
-typedef struct cm_ha_link { struct cm_ha_link *next; } cm_ha_link;
+/* A free block: in its class's free list and in its region's. */
+typedef struct cm_ha_node {
+    struct cm_ha_node *cnext, *cprev, *rnext, *rprev;
+    unsigned cls;
+} cm_ha_node;
+
+typedef struct {
+    size_t live;           /* blocks of this region in use */
+    cm_ha_node *free;      /* free blocks of this region */
+    size_t index;          /* position in cm_ha.regions */
+} cm_ha_region;
 
 typedef struct {
     size_t size[CM_HA_CLASSES];
-    cm_ha_link *head[CM_HA_CLASSES];
+    cm_ha_node *head[CM_HA_CLASSES];
     unsigned ncls;
-    char *cur, *end;      /* bump range of the newest region */
-    char **regions;       /* region starts; the newest last */
+    char *cur, *end;       /* bump range of the newest region */
+    cm_ha_region **regions;
     size_t nregions, regions_cap;
-    size_t live;          /* blocks handed out and not freed */
+    size_t live;           /* blocks handed out and not freed */
+    size_t page;           /* the OS page size */
 } cm_ha_state;
 
 static cm_ha_state cm_ha;
@@ -69,45 +83,59 @@ static int cm_ha_class(size_t size, int add) {
 }
 
 #if CM_HA_ON
-/* Maps a new 2 MiB-aligned region and makes it the bump range; 0 or -1. */
+static inline cm_ha_region *cm_ha_region_of(const void *p) {
+    return (cm_ha_region *)((uintptr_t)p & ~(uintptr_t)(CM_HA_REGION - 1));
+}
+
+/* Maps a new region and makes it the bump range; 0 or -1. */
 static int cm_ha_new_region(void) {
+    if (!cm_ha.page) {
+        long pg = sysconf(_SC_PAGESIZE);
+        cm_ha.page = pg > 0 ? (size_t)pg : 4096u;
+    }
     if (cm_ha.nregions == cm_ha.regions_cap) {
         size_t nc = cm_ha.regions_cap ? cm_ha.regions_cap * 2 : 8;
-        char **na = (char **)PyMem_RawRealloc(cm_ha.regions, nc * sizeof(char *));
+        cm_ha_region **na = (cm_ha_region **)PyMem_RawRealloc(cm_ha.regions, nc * sizeof(*na));
         if (!na) return -1;
         cm_ha.regions = na;
         cm_ha.regions_cap = nc;
     }
-    size_t len = CM_HA_REGION + CM_HA_HUGE;
+    size_t len = 2 * CM_HA_REGION;
     char *raw = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return -1;
-    char *a = (char *)(((uintptr_t)raw + CM_HA_HUGE - 1) & ~(uintptr_t)(CM_HA_HUGE - 1));
+    char *a = (char *)(((uintptr_t)raw + CM_HA_REGION - 1) & ~(uintptr_t)(CM_HA_REGION - 1));
     if (a > raw) munmap(raw, (size_t)(a - raw));
     if (a + CM_HA_REGION < raw + len) munmap(a + CM_HA_REGION, (size_t)(raw + len - (a + CM_HA_REGION)));
     (void)madvise(a, CM_HA_REGION, MADV_HUGEPAGE); /* a request: THP may be off */
-    cm_ha.regions[cm_ha.nregions++] = a;
-    cm_ha.cur = a;
+    cm_ha_region *r = (cm_ha_region *)a;
+    r->live = 0;
+    r->free = NULL;
+    r->index = cm_ha.nregions;
+    cm_ha.regions[cm_ha.nregions++] = r;
+    cm_ha.cur = a + CM_HA_GRAIN; /* the header's line */
     cm_ha.end = a + CM_HA_REGION;
     return 0;
 }
 
-/* No block in use: unmap all regions but the newest, and forget the free
- * blocks that lay in them. */
-static void cm_ha_trim(void) {
-    if (cm_ha.nregions <= 1) return;
-    char *keep = cm_ha.regions[cm_ha.nregions - 1];
-    /* the links live in the blocks: unlink before unmapping */
-    for (unsigned c = 0; c < cm_ha.ncls; c++) {
-        cm_ha_link **pp = &cm_ha.head[c];
-        while (*pp) {
-            char *b = (char *)*pp;
-            if (b >= keep && b < keep + CM_HA_REGION) pp = &(*pp)->next;
-            else *pp = (*pp)->next;
-        }
-    }
-    for (size_t r = 0; r + 1 < cm_ha.nregions; r++) munmap(cm_ha.regions[r], CM_HA_REGION);
-    cm_ha.regions[0] = keep;
-    cm_ha.nregions = 1;
+static void cm_ha_unlink(cm_ha_node *n) {
+    if (n->cprev) n->cprev->cnext = n->cnext;
+    else cm_ha.head[n->cls] = n->cnext;
+    if (n->cnext) n->cnext->cprev = n->cprev;
+    cm_ha_region *r = cm_ha_region_of(n);
+    if (n->rprev) n->rprev->rnext = n->rnext;
+    else r->free = n->rnext;
+    if (n->rnext) n->rnext->rprev = n->rprev;
+}
+
+/* Unmaps a region with no block in use: its free blocks leave the lists first
+ * (their links live in the region). */
+static void cm_ha_drop_region(cm_ha_region *r) {
+    while (r->free) cm_ha_unlink(r->free);
+    size_t i = r->index;
+    cm_ha_region *last = cm_ha.regions[--cm_ha.nregions];
+    cm_ha.regions[i] = last;
+    last->index = i;
+    munmap(r, CM_HA_REGION);
 }
 #endif
 
@@ -122,10 +150,12 @@ static void *cm_ha_alloc(size_t size, int zero) {
     }
 #if CM_HA_ON
     if (cm_ha.head[c]) {
-        p = cm_ha.head[c];
-        cm_ha.head[c] = cm_ha.head[c]->next;
+        cm_ha_node *n = cm_ha.head[c];
+        cm_ha_unlink(n);
+        p = n;
         if (zero) memset(p, 0, size); /* a reused block holds old data */
     } else {
+        /* region memory never handed out before is zero as mapped */
         size_t need = (size + CM_HA_GRAIN - 1) & ~(CM_HA_GRAIN - 1);
         if (!cm_ha.cur || (size_t)(cm_ha.end - cm_ha.cur) < need) {
             if (cm_ha_new_region() < 0) { PyErr_NoMemory(); return NULL; }
@@ -133,7 +163,7 @@ static void *cm_ha_alloc(size_t size, int zero) {
         p = cm_ha.cur;
         cm_ha.cur += need;
     }
-    /* region memory never handed out before is zero as mapped */
+    cm_ha_region_of(p)->live++;
     cm_ha.live++;
     (void)PyTraceMalloc_Track(0, (uintptr_t)p, size);
 #endif
@@ -146,16 +176,29 @@ static void cm_ha_free(void *p, size_t size) {
     if (c < 0) { PyMem_RawFree(p); return; }
 #if CM_HA_ON
     (void)PyTraceMalloc_Untrack(0, (uintptr_t)p);
+    cm_ha.live--;
+    cm_ha_region *r = cm_ha_region_of(p);
+    if (--r->live == 0 && r != cm_ha_region_of(cm_ha.cur - 1)) {
+        cm_ha_drop_region(r); /* not the bump region: no block of it is wanted */
+        return;
+    }
     if (size >= CM_HA_GIVE_BACK) {
-        /* keep the link word's page; give the rest of the block back now */
-        uintptr_t lo = ((uintptr_t)p + sizeof(cm_ha_link) + 4095u) & ~(uintptr_t)4095u;
-        uintptr_t hi = ((uintptr_t)p + size) & ~(uintptr_t)4095u;
+        /* keep the node's page; give the rest of the block back now */
+        uintptr_t pg = cm_ha.page;
+        uintptr_t lo = ((uintptr_t)p + sizeof(cm_ha_node) + pg - 1) & ~(pg - 1);
+        uintptr_t hi = ((uintptr_t)p + size) & ~(pg - 1);
         if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
     }
-    cm_ha_link *l = (cm_ha_link *)p;
-    l->next = cm_ha.head[c];
-    cm_ha.head[c] = l;
-    if (--cm_ha.live == 0) cm_ha_trim();
+    cm_ha_node *n = (cm_ha_node *)p;
+    n->cls = (unsigned)c;
+    n->cprev = NULL;
+    n->cnext = cm_ha.head[c];
+    if (n->cnext) n->cnext->cprev = n;
+    cm_ha.head[c] = n;
+    n->rprev = NULL;
+    n->rnext = r->free;
+    if (n->rnext) n->rnext->rprev = n;
+    r->free = n;
 #endif
 }
 
