@@ -95,4 +95,4 @@ cdef extern from "hugealloc.h":
         size_t live
     cm_ha_state cm_ha
     size_t cm_ha_mapped()
-    int CM_HA_ON
+    int cm_ha_huge_pages()

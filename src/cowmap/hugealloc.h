@@ -41,7 +41,7 @@
 #define CM_HA_REGION ((size_t)32 << 20)      /* bytes mapped at a time, and their alignment */
 #define CM_HA_MIN_BLOCK ((size_t)2048)      /* blocks outside [MIN, MAX] come from PyMem_RawMalloc */
 #define CM_HA_MAX_BLOCK (CM_HA_REGION / 4)
-#define CM_HA_GIVE_BACK ((size_t)1 << 20)
+#define CM_HA_GIVE_BACK ((size_t)256 << 10)
 #define CM_HA_CLASSES 24
 #define CM_HA_GRAIN ((size_t)64)             /* blocks start on cache lines */
 
@@ -66,9 +66,22 @@ typedef struct {
     size_t nregions, regions_cap;
     size_t live;           /* blocks handed out and not freed */
     size_t page;           /* the OS page size */
+    int thp;               /* -1: not read yet; 0: COWMAP_HUGE_PAGES=0; 1: ask for huge pages */
 } cm_ha_state;
 
-static cm_ha_state cm_ha;
+static cm_ha_state cm_ha = {.thp = -1};
+
+/* Whether regions ask for transparent huge pages: yes on Linux unless the
+ * environment says COWMAP_HUGE_PAGES=0 (read once). Huge pages trade memory for
+ * speed where many maps each hold a partly filled chunk: a touched huge page is
+ * resident whole (up to 2 MiB per growing map). */
+static int cm_ha_huge_pages(void) {
+    if (cm_ha.thp < 0) {
+        const char *e = getenv("COWMAP_HUGE_PAGES");
+        cm_ha.thp = CM_HA_ON && !(e && e[0] == '0' && e[1] == '\0');
+    }
+    return cm_ha.thp;
+}
 
 /* The class of a block size, registered on first use; -1: use PyMem_RawMalloc.
  * Classes are never forgotten, so a block is freed the way it was allocated. */
@@ -106,7 +119,7 @@ static int cm_ha_new_region(void) {
     char *a = (char *)(((uintptr_t)raw + CM_HA_REGION - 1) & ~(uintptr_t)(CM_HA_REGION - 1));
     if (a > raw) munmap(raw, (size_t)(a - raw));
     if (a + CM_HA_REGION < raw + len) munmap(a + CM_HA_REGION, (size_t)(raw + len - (a + CM_HA_REGION)));
-    (void)madvise(a, CM_HA_REGION, MADV_HUGEPAGE); /* a request: THP may be off */
+    if (cm_ha_huge_pages()) (void)madvise(a, CM_HA_REGION, MADV_HUGEPAGE); /* a request: THP may be off */
     cm_ha_region *r = (cm_ha_region *)a;
     r->live = 0;
     r->free = NULL;

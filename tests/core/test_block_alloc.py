@@ -11,6 +11,7 @@ figures are checked in a fresh interpreter, where no other map holds blocks.
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -28,8 +29,9 @@ def _fill(m: CopyOnWriteStateMap, n: int, start: int = 0) -> None:
     m.put_many(np.arange(start, start + n, dtype=np.int64), 0, [None] * n)
 
 
-def _run(code: str) -> str:
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300)
+def _run(code: str, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
+                         env=None if env is None else {**os.environ, **env})
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -171,3 +173,18 @@ def test_no_region_outlives_its_blocks_over_random_lifetimes() -> None:
         """
     )
     assert int(out) <= 32 << 20  # no block in use, one region at most
+
+
+def test_huge_pages_can_be_turned_off() -> None:
+    code = """
+        import numpy as np
+        from cowmap import CopyOnWriteStateMap
+        from cowmap._core import block_stats
+        m = CopyOnWriteStateMap()
+        m.put_many(np.arange(100_000, dtype=np.int64), 0, list(range(100_000)))
+        assert m.get(99_999, 0) == 99_999
+        s = block_stats()
+        print(s["huge_pages"], s["blocks"] > 0)
+        """
+    assert _run(code, {"COWMAP_HUGE_PAGES": "0"}).split() == ["False", "True"]
+    assert _run(code, {"COWMAP_HUGE_PAGES": "1"}).split() == ["True", "True"]
