@@ -38,7 +38,7 @@ def block_stats():
     """The core's block allocator (entry chunks and bucket pages of every map):
     ``mapped`` bytes of regions mapped, ``blocks`` in use, and ``huge_pages``:
     whether regions are offered to the kernel for transparent huge pages (Linux,
-    unless ``COWMAP_HUGE_PAGES=0`` is set; the kernel grants them when THP is
+    opt-in with ``COWMAP_HUGE_PAGES=1``; the kernel grants them when THP is
     ``madvise`` or ``always``)."""
     return {"mapped": cm_ha_mapped(), "blocks": cm_ha.live, "huge_pages": bool(cm_ha_huge_pages())}
 
