@@ -87,13 +87,16 @@ cdef inline int64_t _as_time(object t, str what="ts") except? -1:
     return _as_ts(t, what)
 
 
-cdef inline void _hint_before_clock(cm_map *m, object key, object ns, object t) noexcept:
-    """Before a call reads a time provider: start the miss on the key's bucket
-    slot, so that it overlaps the provider's call (a Python call, unless the
-    time is an int or the wall clock read in C)."""
+cdef inline int64_t _as_time_for(cm_map *m, object key, object ns, object t, str what="ts") except? -1:
+    """``_as_time`` for a single-key call on ``m``: before a time provider is
+    called (a Python call), the miss on the key's bucket slot is started, so
+    that the two overlap."""
     cdef uint32_t h
-    if type(t) is not int and t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, &h):
+    if type(t) is int:
+        return t
+    if t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, &h):
         cm_hint_at(m, h, 0)
+    return _as_time(t, what)
 
 
 cdef object _batch_seq(object items, str what):
@@ -207,8 +210,7 @@ cdef class CopyOnWriteStateMap:
 
     def put(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Map ``(key, namespace)`` to ``state`` with timestamp ``ts`` (ms). O(1) amortised."""
-        _hint_before_clock(&self.m, key, namespace, ts)
-        cm_put(&self.m, key, namespace, state, _as_time(ts))
+        cm_put(&self.m, key, namespace, state, _as_time_for(&self.m, key, namespace, ts))
 
     def get(self, key, namespace):
         """The state of ``(key, namespace)`` or None. A state shared with a
@@ -224,22 +226,20 @@ cdef class CopyOnWriteStateMap:
         live at ``now`` (not ``ts + ttl <= now``), with its timestamp set to
         ``now`` when ``refresh``; None when absent; :data:`EXPIRED` when
         expired, the entry left untouched."""
-        _hint_before_clock(&self.m, key, namespace, now)
-        return cm_get_unexpired(&self.m, key, namespace, _as_time(now, "now"), _as_ts(ttl, "ttl"),
+        return cm_get_unexpired(&self.m, key, namespace, _as_time_for(&self.m, key, namespace, now, "now"),
+                                _as_ts(ttl, "ttl"),
                                 1 if refresh else 0, EXPIRED)
 
     def replace(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Overwrite the state (and timestamp) of ``(key, namespace)`` if it is
         mapped; True if it was, False (and nothing added) if not."""
-        _hint_before_clock(&self.m, key, namespace, ts)
-        return cm_replace(&self.m, key, namespace, state, _as_time(ts)) == 1
+        return cm_replace(&self.m, key, namespace, state, _as_time_for(&self.m, key, namespace, ts)) == 1
 
     def get_touch(self, key, namespace, ts):
         """Like ``get`` (the state, copied if a snapshot shares it, or None when
         absent), also setting the entry's timestamp to ``ts``: one lookup for
         changing a state in place and refreshing its time."""
-        _hint_before_clock(&self.m, key, namespace, ts)
-        return cm_get_touch(&self.m, key, namespace, _as_time(ts))
+        return cm_get_touch(&self.m, key, namespace, _as_time_for(&self.m, key, namespace, ts))
 
     def timestamp(self, key, namespace):
         """The timestamp of ``(key, namespace)``, or None when absent."""

@@ -64,7 +64,11 @@
 #define CM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define CM_PREFETCH(p) __builtin_prefetch(p)
 #define CM_PREFETCH_W(p) __builtin_prefetch(p, 1)
+/* For helpers made of loads and prefetches only: out of line, GCC deems them
+ * pure and deletes their (void) calls as dead code. */
+#define CM_ALWAYS_INLINE __attribute__((always_inline))
 #else
+#define CM_ALWAYS_INLINE
 #define CM_PREFETCH_W(p) ((void)0)
 #define CM_LIKELY(x) (x)
 #define CM_UNLIKELY(x) (x)
@@ -229,6 +233,13 @@ static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
 }
 
 static inline uint32_t cm_ev(const cm_entry *e) { return e->ev & CM_VMASK; }
+
+/* Prefetch entry i: both cache lines, as half of all 48-byte entries straddle two. */
+CM_ALWAYS_INLINE static inline void cm_prefetch_entry(const cm_map *m, uint32_t i) {
+    const char *e = (const char *)cm_E(m, i);
+    CM_PREFETCH(e);
+    CM_PREFETCH(e + sizeof(cm_entry) - 1);
+}
 
 /* Release a reference the map held. A DECREF that cannot free the object runs
  * no Python code, so it is done now, while the object is likely in cache; a
@@ -882,12 +893,7 @@ static inline int cm_hint_composite(PyObject *key, PyObject *ns, uint32_t *h) {
  * slot, stage 1 the head entry of the bucket (its slot prefetched by an earlier
  * stage 0), stage 2 that entry's state. Hints only: it reads the map as it is
  * now and changes nothing, so a stale hash only prefetches the wrong lines. */
-#if defined(__GNUC__)
-/* always inlined: out of line, a function of loads and prefetches only is
- * "pure" to GCC, and its calls (void) are deleted as dead code */
-__attribute__((always_inline))
-#endif
-static inline void cm_hint_at(const cm_map *m, uint32_t h, int stage) {
+CM_ALWAYS_INLINE static inline void cm_hint_at(const cm_map *m, uint32_t h, int stage) {
 #if defined(__GNUC__)
     if (m->busy) return;
     const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
@@ -899,12 +905,8 @@ static inline void cm_hint_at(const cm_map *m, uint32_t h, int stage) {
     if (stage == 0) { CM_PREFETCH(slot); return; }
     uint32_t i = *slot;
     if (!i) return;
+    if (stage == 1) { cm_prefetch_entry(m, i); return; }
     const cm_entry *e = cm_E(m, i);
-    if (stage == 1) {
-        CM_PREFETCH(e);
-        CM_PREFETCH((const char *)e + sizeof(cm_entry) - 1);
-        return;
-    }
     if (e->state) CM_PREFETCH_W(e->state);
 #else
     (void)m; (void)h; (void)stage;
@@ -980,12 +982,7 @@ static inline void cm_pf_step(const cm_map *m, const cm_keys *ks, Py_ssize_t i, 
     j = i + CM_PF_D / 2;
     if (j < ks->n) {
         uint32_t e = cm_pf_head(m, pf->h[j & (CM_PF_RING - 1u)]);
-        if (e) {
-            /* half of all 48-byte entries straddle two cache lines */
-            const char *ep = (const char *)cm_E(m, e);
-            CM_PREFETCH(ep);
-            CM_PREFETCH(ep + sizeof(cm_entry) - 1);
-        }
+        if (e) cm_prefetch_entry(m, e);
     }
     j = i + CM_PF_D / 4;
     if (want_state && j < ks->n) {
@@ -1120,11 +1117,7 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             uint32_t h = ring[j & (CM_FR - 1u)];
             const cm_page *pg = t->pages[(h & cmask) >> shift];
             uint32_t e = pg ? pg->slots[h & pmask] : 0u;
-            if (e) {
-                const char *ep = (const char *)cm_E(m, e);
-                CM_PREFETCH(ep);
-                CM_PREFETCH(ep + sizeof(cm_entry) - 1);
-            }
+            if (e) cm_prefetch_entry(m, e);
         }
         if (mode == CM_B_PUT) {
             j = i - (Py_ssize_t)(CM_FD - CM_FSTATE);
@@ -1629,19 +1622,12 @@ static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t no
 /* Prefetch the head entries of visit position p (both tables while a rehash
  * runs). Hints only: a stale slot of the old table still names an allocated
  * entry, and chunks are freed only with the map. */
-#if defined(__GNUC__)
-__attribute__((always_inline)) /* else deleted as a pure function (see cm_hint_at) */
-#endif
-static inline void cm_visit_prefetch(const cm_map *m, uint32_t p) {
+CM_ALWAYS_INLINE static inline void cm_visit_prefetch(const cm_map *m, uint32_t p) {
     const cm_table *ts[2] = {&m->rehash, &m->primary};
     for (int k = 0; k < 2; k++) {
         if (p >= ts[k]->capacity) continue;
         uint32_t i = cm_slot_get(ts[k], p);
-        if (i) {
-            const char *e = (const char *)cm_E(m, i);
-            CM_PREFETCH(e);
-            CM_PREFETCH(e + sizeof(cm_entry) - 1);
-        }
+        if (i) cm_prefetch_entry(m, i);
     }
 }
 

@@ -55,7 +55,6 @@ typedef struct cm_ha_node {
 typedef struct {
     size_t live;           /* blocks of this region in use */
     cm_ha_node *free;      /* free blocks of this region */
-    size_t index;          /* position in cm_ha.regions */
 } cm_ha_region;
 
 typedef struct {
@@ -63,8 +62,7 @@ typedef struct {
     cm_ha_node *head[CM_HA_CLASSES];
     unsigned ncls;
     char *cur, *end;       /* bump range of the newest region */
-    cm_ha_region **regions;
-    size_t nregions, regions_cap;
+    size_t nregions;       /* regions mapped */
     size_t live;           /* blocks handed out and not freed */
     size_t page;           /* the OS page size */
     int thp;               /* -1: not read yet; 0: COWMAP_HUGE_PAGES=0; 1: ask for huge pages */
@@ -109,13 +107,6 @@ static int cm_ha_new_region(void) {
         long pg = sysconf(_SC_PAGESIZE);
         cm_ha.page = pg > 0 ? (size_t)pg : 4096u;
     }
-    if (cm_ha.nregions == cm_ha.regions_cap) {
-        size_t nc = cm_ha.regions_cap ? cm_ha.regions_cap * 2 : 8;
-        cm_ha_region **na = (cm_ha_region **)PyMem_RawRealloc(cm_ha.regions, nc * sizeof(*na));
-        if (!na) return -1;
-        cm_ha.regions = na;
-        cm_ha.regions_cap = nc;
-    }
     size_t len = 2 * CM_HA_REGION;
     char *raw = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (raw == MAP_FAILED) return -1;
@@ -126,8 +117,7 @@ static int cm_ha_new_region(void) {
     cm_ha_region *r = (cm_ha_region *)a;
     r->live = 0;
     r->free = NULL;
-    r->index = cm_ha.nregions;
-    cm_ha.regions[cm_ha.nregions++] = r;
+    cm_ha.nregions++;
     cm_ha.cur = a + CM_HA_GRAIN; /* the header's line */
     cm_ha.end = a + CM_HA_REGION;
     return 0;
@@ -147,10 +137,7 @@ static void cm_ha_unlink(cm_ha_node *n) {
  * (their links live in the region). */
 static void cm_ha_drop_region(cm_ha_region *r) {
     while (r->free) cm_ha_unlink(r->free);
-    size_t i = r->index;
-    cm_ha_region *last = cm_ha.regions[--cm_ha.nregions];
-    cm_ha.regions[i] = last;
-    last->index = i;
+    cm_ha.nregions--;
     munmap(r, CM_HA_REGION);
 }
 #endif
