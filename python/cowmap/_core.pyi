@@ -14,7 +14,9 @@ EXPIRED: object
 """What ``get_unexpired`` returns for an expired entry."""
 
 def block_stats() -> dict[str, Any]:
-    """The core's block allocator: ``mapped`` bytes, ``blocks`` in use, ``huge_pages`` (bool)."""
+    """The core's block allocator: ``mapped`` bytes, ``blocks`` in use, ``spare`` bytes
+    faulted in ahead, ``prefaulted`` regions so far, ``huge_pages`` policy
+    (``"background"``, ``"always"`` or ``"off"``)."""
 
 def wall_clock_ms() -> int:
     """Milliseconds since the Unix epoch (the backend's default time provider)."""

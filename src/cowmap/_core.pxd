@@ -93,6 +93,8 @@ cdef extern from "cowmap_core.h":
 cdef extern from "hugealloc.h":
     ctypedef struct cm_ha_state:
         size_t live
+        size_t prefaulted
     cm_ha_state cm_ha
     size_t cm_ha_mapped()
+    size_t cm_ha_spare()
     int cm_ha_huge_pages()

@@ -36,11 +36,18 @@ EXPIRED = _Expired()
 
 def block_stats():
     """The core's block allocator (entry chunks and bucket pages of every map):
-    ``mapped`` bytes of regions mapped, ``blocks`` in use, and ``huge_pages``:
-    whether regions are offered to the kernel for transparent huge pages (Linux,
-    opt-in with ``COWMAP_HUGE_PAGES=1``; the kernel grants them when THP is
-    ``madvise`` or ``always``)."""
-    return {"mapped": cm_ha_mapped(), "blocks": cm_ha.live, "huge_pages": bool(cm_ha_huge_pages())}
+    ``mapped``: bytes of the regions blocks are cut from; ``blocks``: blocks in
+    use; ``spare``: bytes of a region faulted in ahead by the prefault thread
+    and not used yet (0 or 32 MiB); ``prefaulted``: regions taken from that
+    thread so far; ``huge_pages``: the policy from ``COWMAP_HUGE_PAGES``,
+    ``"background"`` (default: huge pages only for regions faulted in by the
+    prefault thread), ``"always"`` or ``"off"``. The kernel grants huge pages
+    when THP is ``madvise`` or ``always``."""
+    return {"mapped": cm_ha_mapped(), "blocks": cm_ha.live, "spare": cm_ha_spare(),
+            "prefaulted": cm_ha.prefaulted, "huge_pages": _HUGE_POLICY[cm_ha_huge_pages()]}
+
+
+_HUGE_POLICY = ("off", "background", "always")
 
 
 cdef inline int64_t _wall_ms() noexcept nogil:

@@ -1,7 +1,7 @@
 /*
  * Blocks for the core's big, long-lived arrays (entry chunks and full bucket
- * pages), carved from 32 MiB regions aligned to their size (so to huge
- * pages too) and, with COWMAP_HUGE_PAGES=1, marked MADV_HUGEPAGE.
+ * pages), carved from 32 MiB regions aligned to their size (so to huge pages
+ * too).
  *
  * Why: a lookup in a big map misses the cache on a bucket page and on an
  * entry chunk. On 4 KiB pages each of those misses also misses the TLB, and
@@ -9,8 +9,16 @@
  * the miss itself. With transparent huge pages one TLB entry covers 2 MiB, so
  * the walks mostly go; the kernel grants them on request when
  * /sys/kernel/mm/transparent_hugepage/enabled is `madvise` or `always`, and
- * with THP off the regions are ordinary memory. Huge pages are opt-in (see
- * cm_ha_huge_pages). Where there is no madvise (not Linux), blocks come from
+ * with THP off the regions are ordinary memory. But a huge page is faulted in
+ * whole, which costs 0.2 ms on bare metal and 1-10 ms on a VM whose host backs
+ * guest memory lazily: too much for one put (the worst-put promise is 1 ms).
+ * So by default huge pages are faulted in off the hot path: once a process
+ * holds two regions, a short-lived thread maps the next region, asks for huge
+ * pages and touches every page of it; the allocator takes that region when it
+ * needs one and starts the next. A region the allocator must map itself
+ * because the thread is not done yet gets 4 KiB pages (MADV_NOHUGEPAGE), whose
+ * faults come one small page at a time. COWMAP_HUGE_PAGES picks the policy
+ * (cm_ha_huge_pages). Where there is no madvise (not Linux), blocks come from
  * PyMem_RawMalloc.
  *
  * Each block size the core asks for (a handful: the chunk sizes and the page
@@ -21,8 +29,11 @@
  * last block is freed is unmapped at once (its free blocks leave the free
  * lists first), except the region new blocks are carved from. A freed block
  * of >= CM_HA_GIVE_BACK bytes also returns its whole OS pages at once
- * (MADV_DONTNEED; the page size is the OS's, as madvise rounds lengths up). Every block is reported to tracemalloc, as PyMem_Raw*
- * blocks are. Called with the GIL held only: the GIL serialises all of this.
+ * (MADV_DONTNEED; the page size is the OS's, as madvise rounds lengths up).
+ * Every block is reported to tracemalloc, as PyMem_Raw* blocks are. Called
+ * with the GIL held only: the GIL serialises all of this. The prefault thread
+ * touches no Python object and shares one word with the rest (the ready
+ * region, handed over atomically).
  */
 #ifndef COWMAP_HUGEALLOC_H
 #define COWMAP_HUGEALLOC_H
@@ -32,6 +43,9 @@
 #include <string.h>
 
 #if defined(__linux__)
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #define CM_HA_ON 1
@@ -45,6 +59,14 @@
 #define CM_HA_GIVE_BACK ((size_t)256 << 10)
 #define CM_HA_CLASSES 24
 #define CM_HA_GRAIN ((size_t)64)             /* blocks start on cache lines */
+#define CM_HA_PREFAULT_FROM 2                /* regions held before a spare is prepared */
+
+/* Huge-page policy (COWMAP_HUGE_PAGES): */
+enum {
+    CM_HP_OFF = 0,        /* "0": never ask */
+    CM_HP_BACKGROUND = 1, /* unset or "background": only for regions faulted in by the prefault thread */
+    CM_HP_ALWAYS = 2      /* "1" or "always": every region, faulted in by whoever touches it */
+};
 
 /* A free block: in its class's free list and in its region's. */
 typedef struct cm_ha_node {
@@ -65,21 +87,28 @@ typedef struct {
     size_t nregions;       /* regions mapped */
     size_t live;           /* blocks handed out and not freed */
     size_t page;           /* the OS page size */
-    int thp;               /* -1: not read yet; 0: COWMAP_HUGE_PAGES=0; 1: ask for huge pages */
+    int thp;               /* -1: not read yet, else a CM_HP_* policy */
+#if CM_HA_ON
+    _Atomic(char *) spare; /* a region the prefault thread has faulted in, not yet used */
+    atomic_int busy;       /* the prefault thread runs */
+    atomic_uint epoch;     /* bumped when memory shrinks: a region prepared before is unwanted */
+#endif
+    int atfork;            /* the fork handler is registered */
+    size_t prefaulted;     /* regions taken from the prefault thread */
 } cm_ha_state;
 
 static cm_ha_state cm_ha = {.thp = -1};
 
-/* Whether regions ask for transparent huge pages: only when the environment
- * says COWMAP_HUGE_PAGES=1 (read once; Linux). Opt-in because a huge page is
- * faulted in whole: growing into fresh memory then pays ~0.2 ms per 2 MiB at
- * once, and 1-10 ms on a VM whose host backs guest memory lazily (measured on
- * the dev VM), against the <= 1 ms worst-put promise; with 4 KiB pages the same
- * cost comes in pieces of <= 0.35 ms. Lookups in big maps gain ~20-30%. */
+/* The huge-page policy, read once from COWMAP_HUGE_PAGES: "0" off, "1" or
+ * "always" for every region, anything else (unset) in the background only.
+ * "always" gains a little more for lookups (the first two regions too) and
+ * pays each huge page's fault inside whichever put first touches it. */
 static int cm_ha_huge_pages(void) {
     if (cm_ha.thp < 0) {
         const char *e = getenv("COWMAP_HUGE_PAGES");
-        cm_ha.thp = CM_HA_ON && e && e[0] == '1' && e[1] == '\0';
+        if (!CM_HA_ON || (e && strcmp(e, "0") == 0)) cm_ha.thp = CM_HP_OFF;
+        else if (e && (strcmp(e, "1") == 0 || strcmp(e, "always") == 0)) cm_ha.thp = CM_HP_ALWAYS;
+        else cm_ha.thp = CM_HP_BACKGROUND;
     }
     return cm_ha.thp;
 }
@@ -101,26 +130,100 @@ static inline cm_ha_region *cm_ha_region_of(const void *p) {
     return (cm_ha_region *)((uintptr_t)p & ~(uintptr_t)(CM_HA_REGION - 1));
 }
 
-/* Maps a new region and makes it the bump range; 0 or -1. */
+/* Maps CM_HA_REGION bytes aligned to their size; NULL if the OS says no.
+ * Safe off the GIL: no Python call. */
+static char *cm_ha_map_region(void) {
+    size_t len = 2 * CM_HA_REGION;
+    char *raw = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *a = (char *)(((uintptr_t)raw + CM_HA_REGION - 1) & ~(uintptr_t)(CM_HA_REGION - 1));
+    if (a > raw) munmap(raw, (size_t)(a - raw));
+    if (a + CM_HA_REGION < raw + len) munmap(a + CM_HA_REGION, (size_t)(raw + len - (a + CM_HA_REGION)));
+    return a;
+}
+
+/* The prefault thread: one region, then it ends (a thread that lingered
+ * would make every later fork() of the process a fork of a threaded one). */
+static void *cm_ha_prefault_main(void *arg) {
+    unsigned epoch = (unsigned)(uintptr_t)arg;
+    char *a = cm_ha_map_region();
+    if (a) {
+        (void)madvise(a, CM_HA_REGION, MADV_HUGEPAGE); /* a request: THP may be off */
+        /* a write to each page faults it in (a huge page at its first one);
+         * MADV_POPULATE_WRITE would hold the mmap lock throughout, stalling
+         * the task thread's own mmap for milliseconds */
+        for (size_t o = 0; o < CM_HA_REGION; o += cm_ha.page) ((volatile char *)a)[o] = 0;
+        if (atomic_load(&cm_ha.epoch) == epoch) atomic_store(&cm_ha.spare, a);
+        else munmap(a, CM_HA_REGION); /* memory shrank meanwhile */
+    }
+    atomic_store(&cm_ha.busy, 0);
+    return NULL;
+}
+
+/* In a forked child the thread does not exist: a region it was preparing is
+ * lost (address space only), and a ready one, shared copy-on-write with the
+ * parent, is dropped rather than copied page by page. */
+static void cm_ha_atfork_child(void) {
+    char *s = atomic_exchange(&cm_ha.spare, NULL);
+    if (s) munmap(s, CM_HA_REGION);
+    atomic_store(&cm_ha.busy, 0);
+}
+
+/* Starts preparing a spare region unless one is ready or under way. */
+static void cm_ha_prefault_start(void) {
+    if (atomic_load(&cm_ha.busy) || atomic_load(&cm_ha.spare)) return;
+    if (!cm_ha.atfork) {
+        if (pthread_atfork(NULL, NULL, cm_ha_atfork_child) != 0) return;
+        cm_ha.atfork = 1;
+    }
+    pthread_attr_t at;
+    if (pthread_attr_init(&at) != 0) return;
+    (void)pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    (void)pthread_attr_setstacksize(&at, (size_t)64 << 10);
+    /* signals stay with Python's threads: the new thread inherits a full mask */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t th;
+    atomic_store(&cm_ha.busy, 1);
+    void *epoch = (void *)(uintptr_t)atomic_load(&cm_ha.epoch);
+    if (pthread_create(&th, &at, cm_ha_prefault_main, epoch) != 0) atomic_store(&cm_ha.busy, 0);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&at);
+}
+
+/* Makes a new region the bump range: the prefault thread's if it is ready,
+ * else one mapped here; 0 or -1. */
 static int cm_ha_new_region(void) {
     if (!cm_ha.page) {
         long pg = sysconf(_SC_PAGESIZE);
         cm_ha.page = pg > 0 ? (size_t)pg : 4096u;
     }
-    size_t len = 2 * CM_HA_REGION;
-    char *raw = (char *)mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return -1;
-    char *a = (char *)(((uintptr_t)raw + CM_HA_REGION - 1) & ~(uintptr_t)(CM_HA_REGION - 1));
-    if (a > raw) munmap(raw, (size_t)(a - raw));
-    if (a + CM_HA_REGION < raw + len) munmap(a + CM_HA_REGION, (size_t)(raw + len - (a + CM_HA_REGION)));
-    if (cm_ha_huge_pages()) (void)madvise(a, CM_HA_REGION, MADV_HUGEPAGE); /* a request: THP may be off */
+    int policy = cm_ha_huge_pages();
+    char *a = atomic_exchange(&cm_ha.spare, NULL);
+    if (a) {
+        cm_ha.prefaulted++;
+    } else {
+        if (!(a = cm_ha_map_region())) return -1;
+        if (policy == CM_HP_ALWAYS) (void)madvise(a, CM_HA_REGION, MADV_HUGEPAGE);
+        else if (policy == CM_HP_BACKGROUND) (void)madvise(a, CM_HA_REGION, MADV_NOHUGEPAGE);
+    }
     cm_ha_region *r = (cm_ha_region *)a;
     r->live = 0;
     r->free = NULL;
     cm_ha.nregions++;
     cm_ha.cur = a + CM_HA_GRAIN; /* the header's line */
     cm_ha.end = a + CM_HA_REGION;
+    if (policy == CM_HP_BACKGROUND && cm_ha.nregions >= CM_HA_PREFAULT_FROM) cm_ha_prefault_start();
     return 0;
+}
+
+/* Memory is shrinking (a region unmapped, or no block in use): a spare is
+ * kept only while it grows, so drop a ready one and any under way. */
+static void cm_ha_shrink(void) {
+    atomic_fetch_add(&cm_ha.epoch, 1u);
+    char *s = atomic_exchange(&cm_ha.spare, NULL);
+    if (s) munmap(s, CM_HA_REGION);
 }
 
 static void cm_ha_unlink(cm_ha_node *n) {
@@ -136,6 +239,7 @@ static void cm_ha_unlink(cm_ha_node *n) {
 /* Unmaps a region with no block in use: its free blocks leave the lists first
  * (their links live in the region). */
 static void cm_ha_drop_region(cm_ha_region *r) {
+    cm_ha_shrink();
     while (r->free) cm_ha_unlink(r->free);
     cm_ha.nregions--;
     munmap(r, CM_HA_REGION);
@@ -179,7 +283,7 @@ static void cm_ha_free(void *p, size_t size) {
     if (c < 0) { PyMem_RawFree(p); return; }
 #if CM_HA_ON
     (void)PyTraceMalloc_Untrack(0, (uintptr_t)p);
-    cm_ha.live--;
+    if (--cm_ha.live == 0) cm_ha_shrink();
     cm_ha_region *r = cm_ha_region_of(p);
     if (--r->live == 0 && r != cm_ha_region_of(cm_ha.cur - 1)) {
         cm_ha_drop_region(r); /* not the bump region: no block of it is wanted */
@@ -205,9 +309,19 @@ static void cm_ha_free(void *p, size_t size) {
 #endif
 }
 
-/* Bytes mapped for blocks (for tests and diagnostics). */
+/* Bytes mapped for blocks (for tests and diagnostics); a spare region ready
+ * in advance is not counted. */
 static size_t cm_ha_mapped(void) {
     return cm_ha.nregions * CM_HA_REGION;
+}
+
+/* Bytes of the spare region ready in advance: 0 or CM_HA_REGION. */
+static size_t cm_ha_spare(void) {
+#if CM_HA_ON
+    return atomic_load(&cm_ha.spare) ? CM_HA_REGION : 0;
+#else
+    return 0;
+#endif
 }
 
 #endif /* COWMAP_HUGEALLOC_H */

@@ -178,24 +178,117 @@ def test_no_region_outlives_its_blocks_over_random_lifetimes() -> None:
     assert int(out) <= 32 << 20  # no block in use, one region at most
 
 
-def test_huge_pages_are_opt_in() -> None:
+_GROW = """
+    import os, time
+    import numpy as np
+    from cowmap import CopyOnWriteStateMap
+    from cowmap._core import block_stats
+    def wait_spare():
+        t = time.monotonic() + 60
+        while not block_stats()["spare"] and time.monotonic() < t:
+            time.sleep(0.01)
+        return block_stats()["spare"]
+    def huge_kib():
+        with open("/proc/self/smaps_rollup") as f:
+            return int(f.read().split("AnonHugePages:")[1].split()[0])
+    m = CopyOnWriteStateMap()
+    n = 0
+    def grow(k):
+        global n
+        m.put_many(np.arange(n, n + k, dtype=np.int64), 0, list(range(n, n + k)))
+        n += k
+"""
+
+
+def _thp_offered() -> bool:
+    """Whether this kernel grants transparent huge pages to a region that asks."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
+    except OSError:
+        return False
+    return "[always]" in mode or "[madvise]" in mode
+
+
+def test_huge_page_policy_comes_from_the_environment() -> None:
     code = """
         import numpy as np
         from cowmap import CopyOnWriteStateMap
         from cowmap._core import block_stats
         m = CopyOnWriteStateMap()
-        m.put_many(np.arange(100_000, dtype=np.int64), 0, list(range(100_000)))
-        assert m.get(99_999, 0) == 99_999
+        m.put_many(np.arange(1_500_000, dtype=np.int64), 0, list(range(1_500_000)))  # > 2 regions
+        assert m.get(1_499_999, 0) == 1_499_999
         s = block_stats()
-        print(s["huge_pages"], s["blocks"] > 0)
+        print(s["huge_pages"], s["prefaulted"] + s["spare"] > 0)
         """
-    assert _run(code, {"COWMAP_HUGE_PAGES": "0"}).split() == ["False", "True"]
-    assert _run(code, {"COWMAP_HUGE_PAGES": "1"}).split() == ["True", "True"]
     unset = {k: v for k, v in os.environ.items() if k != "COWMAP_HUGE_PAGES"}
     out = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
                          env=unset)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "True"]
+    assert out.stdout.split()[0] == "background"
+    assert _run(code, {"COWMAP_HUGE_PAGES": "background"}).split()[0] == "background"
+    # no prefault thread unless in the background policy
+    assert _run(code, {"COWMAP_HUGE_PAGES": "0"}).split() == ["off", "False"]
+    assert _run(code, {"COWMAP_HUGE_PAGES": "1"}).split() == ["always", "False"]
+    assert _run(code, {"COWMAP_HUGE_PAGES": "always"}).split() == ["always", "False"]
+
+
+def test_regions_are_faulted_in_ahead_and_used() -> None:
+    """Past two regions a spare region is faulted in by another thread; the next
+    region the maps need is that one, and its contents are right."""
+    out = _run(
+        _GROW
+        + """
+    grow(300_000)
+    assert block_stats()["spare"] == 0 and block_stats()["prefaulted"] == 0  # one region: none ahead
+    while block_stats()["mapped"] < 2 * (32 << 20):
+        grow(100_000)
+    assert wait_spare() == 32 << 20, block_stats()
+    mapped = block_stats()["mapped"]
+    while block_stats()["mapped"] == mapped:
+        grow(50_000)
+    s = block_stats()
+    assert s["prefaulted"] == 1, s
+    keys = np.arange(n, dtype=np.int64)
+    assert m.get_many(keys, 0) == list(range(n))
+    print(huge_kib())
+    del m
+    s = block_stats()
+    assert s["blocks"] == 0 and s["spare"] == 0, s  # nothing in use: nothing kept ahead
+    """,
+        {"COWMAP_HUGE_PAGES": "background"},
+    )
+    if _thp_offered():
+        assert int(out) >= 2048  # the region faulted in ahead holds huge pages
+
+
+def test_a_forked_child_drops_the_spare_and_keeps_going() -> None:
+    """fork() copies no thread: the child must neither wait for the prefault thread
+    nor use a region shared copy-on-write with its parent."""
+    out = _run(
+        _GROW
+        + """
+    while block_stats()["mapped"] < 2 * (32 << 20):
+        grow(100_000)
+    assert wait_spare() == 32 << 20, block_stats()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            assert block_stats()["spare"] == 0, block_stats()
+            before = block_stats()["mapped"]
+            while block_stats()["mapped"] < before + 3 * (32 << 20):
+                grow(200_000)
+            assert m.get_many(np.arange(n, dtype=np.int64), 0) == list(range(n))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status), block_stats()["spare"])
+    """,
+        {"COWMAP_HUGE_PAGES": "background"},
+    )
+    assert out.split() == ["0", str(32 << 20)]  # the child went on; the parent kept its spare
 
 
 def test_freed_chunks_leave_resident_memory_in_a_region_that_stays() -> None:
