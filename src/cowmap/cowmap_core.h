@@ -1082,23 +1082,29 @@ static inline int cm_fast_ok(const cm_map *m, int mode) {
 
 #define CM_FD 48u     /* keys between hashing a key and resolving it */
 #define CM_FR 64u     /* ring size, power of two > CM_FD */
-#define CM_FSTATE 8u  /* keys between prefetching a put's old state and the write */
+#define CM_FLATE 16u  /* replaced states in flight between prefetch and release (power of two) */
 
 /* Pipelined int64 batch over [start, n): each key is hashed once; its slot is
- * prefetched CM_FD keys before the key is resolved, its head entry (both cache
- * lines) CM_FD/3 later and, for puts, the old state CM_FSTATE keys before the
- * write. The final step re-reads the slot, so entries added earlier in the
- * same batch are seen. Gets store borrowed states and take the references in
- * a second streaming pass (cm_batch_fast_refs), where the misses on scattered
- * state objects overlap. Returns the index where it stopped (n, or earlier
- * when an insert started a rehash), or -1 on error. */
-static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
+ * prefetched CM_FD keys before the key is resolved and its head entry (both
+ * cache lines) CM_FD/3 later. The final step re-reads the slot, so entries
+ * added earlier in the same batch are seen. No step reads an entry before the
+ * key is resolved: the memory system is the bottleneck here, so an entry is
+ * still in flight long after its prefetch, and an early read stalls. A put's
+ * replaced state is prefetched when it is replaced and released CM_FLATE
+ * replacements later (`late`; the caller releases what is left), so the
+ * misses on scattered old states overlap too. Gets store borrowed states and
+ * take the references in a second streaming pass (cm_batch_fast_refs).
+ * Returns the index where it stopped (n, or earlier when an insert started a
+ * rehash), or -1 on error. */
+static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start,
+                                    PyObject **late) {
     const Py_ssize_t n = ks->n;
     const int64_t *keys = ks->ints;
     const uint32_t nsmix = cm_fmix32(cm_fold(bt->hn));
     const int mode = bt->mode;
     uint32_t ring[CM_FR];
     int64_t kring[CM_FR]; /* each key is read once: the array may be written by Python code */
+    uint32_t nlate = 0;
     cm_probe p;
     p.key = NULL; p.is_int = 1; p.ns = bt->ns;
     for (Py_ssize_t i = start; i < n + (Py_ssize_t)CM_FD; i++) {
@@ -1118,19 +1124,6 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
             const cm_page *pg = t->pages[(h & cmask) >> shift];
             uint32_t e = pg ? pg->slots[h & pmask] : 0u;
             if (e) cm_prefetch_entry(m, e);
-        }
-        if (mode == CM_B_PUT) {
-            j = i - (Py_ssize_t)(CM_FD - CM_FSTATE);
-            if (j >= start && j < n) {
-                uint32_t h = ring[j & (CM_FR - 1u)];
-                const cm_page *pg = t->pages[(h & cmask) >> shift];
-                uint32_t e = pg ? pg->slots[h & pmask] : 0u;
-                PyObject *nw = cm_seq_get(bt->states, j), *old = e ? cm_E(m, e)->state : NULL;
-                if (old != nw) { /* both refcounts are written (unless it is the same object, below) */
-                    if (old) CM_PREFETCH_W(old);
-                    if (nw) CM_PREFETCH_W(nw);
-                }
-            }
         }
         j = i - (Py_ssize_t)CM_FD;
         if (j < start) continue;
@@ -1179,8 +1172,12 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
                 hit = cm_E(m, w);
             }
             if (hit->state != ns_state) {
-                cm_grave(m, hit->state);
+                PyObject *old = hit->state;
                 hit->state = ns_state;
+                CM_PREFETCH_W(old);
+                PyObject **lp = &late[nlate++ & (CM_FLATE - 1u)];
+                if (*lp) cm_grave(m, *lp);
+                *lp = old;
             } else {
                 Py_DECREF(ns_state); /* the entry holds it too: cannot be the last */
             }
@@ -1190,6 +1187,14 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
         }
     }
     return n;
+}
+
+static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
+    PyObject *late[CM_FLATE] = {NULL};
+    Py_ssize_t r = cm_batch_fast_run(m, ks, bt, start, late);
+    for (unsigned k = 0; k < CM_FLATE; k++)
+        if (late[k]) cm_grave(m, late[k]);
+    return r;
 }
 
 /* INCREF out[start, stop): independent read-modify-writes, prefetched ahead. */

@@ -484,3 +484,72 @@ def test_put_many_of_the_states_already_held() -> None:
     gc.collect()
     assert [sys.getrefcount(s) for s in states] == before
     assert [m.get(int(k), "ns") for k in keys] == states
+
+
+class _State:
+    """A state only the map refers to: its weak reference dies with the map's reference."""
+
+
+def test_put_many_releases_every_replaced_state() -> None:
+    """A numpy put_many replacing states releases each old state once (the releases
+    trail the writes in the pipelined path), and holds each new one once."""
+    keys = np.arange(0, 4000, 2, dtype=np.int64)
+    m = CopyOnWriteStateMap()
+    m.put_many(keys, 0, [_State() for _ in keys])
+    for rnd in range(3):
+        olds = [weakref.ref(m.get(int(k), 0)) for k in keys]
+        new = [_State() for _ in keys]
+        base = [sys.getrefcount(s) for s in new]
+        m.put_many(keys, 0, new)
+        assert [r() for r in olds] == [None] * len(keys), rnd
+        assert [sys.getrefcount(s) for s in new] == [b + 1 for b in base]
+        assert m.get_many(keys, 0) == new
+    # repeated keys: the first state put is replaced within the same batch
+    dup = np.array([5, 7, 5, 5, 7], dtype=np.int64)
+    states = [_State() for _ in dup]
+    refs = [weakref.ref(s) for s in states]
+    m.put_many(dup, 0, states)
+    del states
+    assert [r() is not None for r in refs] == [False, False, False, True, True]
+    assert m.get(5, 0) is refs[3]() and m.get(7, 0) is refs[4]()
+
+
+def test_put_many_failing_midway_still_releases_the_states_it_replaced() -> None:
+    """A namespace whose ``__eq__`` empties the list of states makes the batch fail
+    after some replacements: the states replaced until then are released, none twice."""
+
+    class Ns:
+        calls = -1  # counted once armed
+
+        def __hash__(self) -> int:
+            return 17
+
+        def __eq__(self, other: object) -> bool:
+            if Ns.calls >= 0:
+                Ns.calls += 1
+                if Ns.calls == 300:
+                    states.clear()
+            return isinstance(other, Ns)
+
+    keys = np.arange(1000, dtype=np.int64)
+    m = CopyOnWriteStateMap()
+    m.put_many(keys, Ns(), [_State() for _ in keys])
+    olds = [weakref.ref(m.get(int(k), Ns())) for k in keys[:400]]
+    states = [_State() for _ in keys]
+    Ns.calls = 0
+    new_refs = [weakref.ref(s) for s in states]
+    with pytest.raises(RuntimeError, match="changed size"):
+        m.put_many(keys, Ns(), states)
+    gc.collect()
+    Ns.calls = -1
+    now = [m.get(int(k), Ns()) for k in keys[: len(olds)]]
+    done = [s is r() for s, r in zip(now, new_refs)]
+    n = sum(done)
+    assert 0 < n < len(olds) and done == [True] * n + [False] * (len(olds) - n)  # keys done before the failure
+    assert [r() is None for r in olds] == done  # exactly their old states were released
+    # the new states put before the failure are held by the map, exactly once
+    held = now[:n]
+    del now
+    m.put(10**6, Ns(), _State())
+    held.append(m.get(10**6, Ns()))  # a control: held by one map entry and by `held` only
+    assert len({sys.getrefcount(s) for s in held}) == 1
