@@ -1192,8 +1192,20 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
 static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
     PyObject *late[CM_FLATE] = {NULL};
     Py_ssize_t r = cm_batch_fast_run(m, ks, bt, start, late);
+    /* cm_grave may clear an error of its own (out of memory): keep the batch's */
+#if PY_VERSION_HEX >= 0x030C0000
+    PyObject *exc = PyErr_GetRaisedException();
+#else
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+#endif
     for (unsigned k = 0; k < CM_FLATE; k++)
         if (late[k]) cm_grave(m, late[k]);
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyErr_Restore(et, ev, tb);
+#endif
     return r;
 }
 

@@ -32,8 +32,9 @@
  * (MADV_DONTNEED; the page size is the OS's, as madvise rounds lengths up).
  * Every block is reported to tracemalloc, as PyMem_Raw* blocks are. Called
  * with the GIL held only: the GIL serialises all of this. The prefault thread
- * touches no Python object and shares one word with the rest (the ready
- * region, handed over atomically).
+ * touches no Python object; it shares only atomics with the rest (the ready
+ * region, the region in hand, its running flag, the shrink epoch) and reads
+ * the page size, set before it starts.
  */
 #ifndef COWMAP_HUGEALLOC_H
 #define COWMAP_HUGEALLOC_H
@@ -43,6 +44,7 @@
 #include <string.h>
 
 #if defined(__linux__)
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -90,6 +92,7 @@ typedef struct {
     int thp;               /* -1: not read yet, else a CM_HP_* policy */
 #if CM_HA_ON
     _Atomic(char *) spare; /* a region the prefault thread has faulted in, not yet used */
+    _Atomic(char *) inflight; /* the region the prefault thread is faulting in */
     atomic_int busy;       /* the prefault thread runs */
     atomic_uint epoch;     /* bumped when memory shrinks: a region prepared before is unwanted */
 #endif
@@ -148,24 +151,34 @@ static void *cm_ha_prefault_main(void *arg) {
     unsigned epoch = (unsigned)(uintptr_t)arg;
     char *a = cm_ha_map_region();
     if (a) {
+        atomic_store(&cm_ha.inflight, a);
         (void)madvise(a, CM_HA_REGION, MADV_HUGEPAGE); /* a request: THP may be off */
         /* a write to each page faults it in (a huge page at its first one);
          * MADV_POPULATE_WRITE would hold the mmap lock throughout, stalling
          * the task thread's own mmap for milliseconds */
         for (size_t o = 0; o < CM_HA_REGION; o += cm_ha.page) ((volatile char *)a)[o] = 0;
-        if (atomic_load(&cm_ha.epoch) == epoch) atomic_store(&cm_ha.spare, a);
-        else munmap(a, CM_HA_REGION); /* memory shrank meanwhile */
+        atomic_store(&cm_ha.spare, a);
+        atomic_store(&cm_ha.inflight, NULL);
+        if (atomic_load(&cm_ha.epoch) != epoch) {
+            /* memory shrank meanwhile: either that shrink took the region or
+             * this exchange does, never both (all seq_cst) */
+            char *s = atomic_exchange(&cm_ha.spare, NULL);
+            if (s) munmap(s, CM_HA_REGION);
+        }
     }
     atomic_store(&cm_ha.busy, 0);
     return NULL;
 }
 
-/* In a forked child the thread does not exist: a region it was preparing is
- * lost (address space only), and a ready one, shared copy-on-write with the
- * parent, is dropped rather than copied page by page. */
+/* In a forked child the thread does not exist: the region it was faulting
+ * in and a ready one, both shared copy-on-write with the parent, are dropped
+ * rather than copied page by page. (A fork between the thread's mmap and its
+ * trim leaves that unaligned mapping in the child: address space only.) */
 static void cm_ha_atfork_child(void) {
     char *s = atomic_exchange(&cm_ha.spare, NULL);
+    char *f = atomic_exchange(&cm_ha.inflight, NULL);
     if (s) munmap(s, CM_HA_REGION);
+    if (f && f != s) munmap(f, CM_HA_REGION); /* the same region between publish and clear */
     atomic_store(&cm_ha.busy, 0);
 }
 
@@ -179,7 +192,9 @@ static void cm_ha_prefault_start(void) {
     pthread_attr_t at;
     if (pthread_attr_init(&at) != 0) return;
     (void)pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    (void)pthread_attr_setstacksize(&at, (size_t)64 << 10);
+    size_t stack = (size_t)64 << 10;
+    if (stack < (size_t)PTHREAD_STACK_MIN) stack = (size_t)PTHREAD_STACK_MIN; /* 128 KiB on some arm64 */
+    (void)pthread_attr_setstacksize(&at, stack);
     /* signals stay with Python's threads: the new thread inherits a full mask */
     sigset_t all, old;
     sigfillset(&all);
