@@ -43,10 +43,9 @@
 /* Entry chunks: chunk c < CM_GEO_CHUNKS holds 64 << c entries, so small maps
  * stay small; after that every chunk holds 1 << CM_BIG_BITS entries (384 KiB),
  * so a map reserves at most one chunk more than it uses. Kept that small
- * because with huge pages (COWMAP_HUGE_PAGES=1) the unused tail of a map's last
- * chunk becomes resident with the huge page around it: with 3 MiB chunks, a
- * MapState of 5M entries over 128 key groups took 232 B/entry of RSS instead
- * of 175 (186 now). */
+ * because on huge pages the unused tail of a map's last chunk becomes resident
+ * with the huge page around it: with 3 MiB chunks, a MapState of 5M entries
+ * over 128 key groups took 232 B/entry of RSS instead of 175 (185 now). */
 #define CM_CHUNK0_BITS 6u
 #define CM_GEO_CHUNKS 8u
 #define CM_BIG_BITS (CM_CHUNK0_BITS + CM_GEO_CHUNKS - 1u)
@@ -174,14 +173,20 @@ static int cm_u32vec_push(cm_u32vec *v, uint32_t x) {
     return 0;
 }
 
-static int cm_ptrvec_push(cm_ptrvec *v, void *x) {
+/* -1 when out of memory, with no Python error set (cm_grave must not touch one). */
+static int cm_ptrvec_add(cm_ptrvec *v, void *x) {
     if (v->n == v->cap) {
         size_t nc = v->cap ? v->cap * 2 : 16;
         void **na = (void **)PyMem_RawRealloc(v->a, nc * sizeof(void *));
-        if (!na) { PyErr_NoMemory(); return -1; }
+        if (!na) return -1;
         v->a = na; v->cap = nc;
     }
     v->a[v->n++] = x;
+    return 0;
+}
+
+static int cm_ptrvec_push(cm_ptrvec *v, void *x) {
+    if (cm_ptrvec_add(v, x) < 0) { PyErr_NoMemory(); return -1; }
     return 0;
 }
 
@@ -249,10 +254,8 @@ static inline void cm_grave(cm_map *m, PyObject *o) {
         Py_DECREF(o);
         return;
     }
-    if (cm_ptrvec_push(&m->grave, o) < 0) {
-        PyErr_Clear();
-        Py_DECREF(o); /* out of memory: release now rather than leak */
-    }
+    if (cm_ptrvec_add(&m->grave, o) < 0)
+        Py_DECREF(o); /* out of memory: release now rather than leak (an error being raised stays) */
 }
 
 /* ----------------------------------------------------------------- tables */
@@ -1192,20 +1195,8 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
 static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
     PyObject *late[CM_FLATE] = {NULL};
     Py_ssize_t r = cm_batch_fast_run(m, ks, bt, start, late);
-    /* cm_grave may clear an error of its own (out of memory): keep the batch's */
-#if PY_VERSION_HEX >= 0x030C0000
-    PyObject *exc = PyErr_GetRaisedException();
-#else
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-#endif
     for (unsigned k = 0; k < CM_FLATE; k++)
         if (late[k]) cm_grave(m, late[k]);
-#if PY_VERSION_HEX >= 0x030C0000
-    PyErr_SetRaisedException(exc);
-#else
-    PyErr_Restore(et, ev, tb);
-#endif
     return r;
 }
 

@@ -145,6 +145,14 @@ static char *cm_ha_map_region(void) {
     return a;
 }
 
+/* Unmaps the ready spare region, if any, and returns it (NULL: none). The
+ * exchange makes one caller the owner, from whichever thread. */
+static char *cm_ha_drop_spare(void) {
+    char *s = atomic_exchange(&cm_ha.spare, NULL);
+    if (s) munmap(s, CM_HA_REGION);
+    return s;
+}
+
 /* The prefault thread: one region, then it ends (a thread that lingered
  * would make every later fork() of the process a fork of a threaded one). */
 static void *cm_ha_prefault_main(void *arg) {
@@ -159,12 +167,9 @@ static void *cm_ha_prefault_main(void *arg) {
         for (size_t o = 0; o < CM_HA_REGION; o += cm_ha.page) ((volatile char *)a)[o] = 0;
         atomic_store(&cm_ha.spare, a);
         atomic_store(&cm_ha.inflight, NULL);
-        if (atomic_load(&cm_ha.epoch) != epoch) {
-            /* memory shrank meanwhile: either that shrink took the region or
-             * this exchange does, never both (all seq_cst) */
-            char *s = atomic_exchange(&cm_ha.spare, NULL);
-            if (s) munmap(s, CM_HA_REGION);
-        }
+        /* memory shrank meanwhile: either that shrink took the region or this
+         * exchange does, never both (all seq_cst) */
+        if (atomic_load(&cm_ha.epoch) != epoch) cm_ha_drop_spare();
     }
     atomic_store(&cm_ha.busy, 0);
     return NULL;
@@ -175,9 +180,8 @@ static void *cm_ha_prefault_main(void *arg) {
  * rather than copied page by page. (A fork between the thread's mmap and its
  * trim leaves that unaligned mapping in the child: address space only.) */
 static void cm_ha_atfork_child(void) {
-    char *s = atomic_exchange(&cm_ha.spare, NULL);
+    char *s = cm_ha_drop_spare();
     char *f = atomic_exchange(&cm_ha.inflight, NULL);
-    if (s) munmap(s, CM_HA_REGION);
     if (f && f != s) munmap(f, CM_HA_REGION); /* the same region between publish and clear */
     atomic_store(&cm_ha.busy, 0);
 }
@@ -237,8 +241,7 @@ static int cm_ha_new_region(void) {
  * kept only while it grows, so drop a ready one and any under way. */
 static void cm_ha_shrink(void) {
     atomic_fetch_add(&cm_ha.epoch, 1u);
-    char *s = atomic_exchange(&cm_ha.spare, NULL);
-    if (s) munmap(s, CM_HA_REGION);
+    (void)cm_ha_drop_spare();
 }
 
 static void cm_ha_unlink(cm_ha_node *n) {
