@@ -894,7 +894,8 @@ static inline int cm_hint_composite(PyObject *key, PyObject *ns, uint32_t *h) {
  * for batches spread over many maps (multi_get/multi_put/multi_replace), where
  * the single-map pipeline above does not apply: stage 0 prefetches the bucket
  * slot, stage 1 the head entry of the bucket (its slot prefetched by an earlier
- * stage 0), stage 2 that entry's state. Hints only: it reads the map as it is
+ * stage 0), stage 2 that entry's state, or the next entry of the chain when the
+ * head's hash is not the key's. Hints only: it reads the map as it is
  * now and changes nothing, so a stale hash only prefetches the wrong lines. */
 CM_ALWAYS_INLINE static inline void cm_hint_at(const cm_map *m, uint32_t h, int stage) {
 #if defined(__GNUC__)
@@ -910,7 +911,8 @@ CM_ALWAYS_INLINE static inline void cm_hint_at(const cm_map *m, uint32_t h, int 
     if (!i) return;
     if (stage == 1) { cm_prefetch_entry(m, i); return; }
     const cm_entry *e = cm_E(m, i);
-    if (e->state) CM_PREFETCH_W(e->state);
+    if (e->hash != h) { if (e->next) cm_prefetch_entry(m, e->next); } /* further down the chain */
+    else if (e->state) CM_PREFETCH_W(e->state);
 #else
     (void)m; (void)h; (void)stage;
 #endif
@@ -955,8 +957,9 @@ static int cm_probe_at(const cm_keys *ks, Py_ssize_t i, PyObject *ns, Py_hash_t 
 }
 
 /* Software pipeline for int64 batches: hash key i+D and prefetch its slot,
- * prefetch the head entry of key i+D/2 and the state of key i+D/4, so the
- * cache misses of D keys overlap instead of running one after another.
+ * prefetch the head entry of key i+D/2 and, for key i+D/4, its state or (when
+ * the head is another key's) the chain's next entry, so the cache misses of D
+ * keys overlap instead of running one after another.
  * Prefetches are only hints: a rehash step in between cannot make them wrong. */
 #define CM_PF_D 32u
 #define CM_PF_RING 64u
@@ -988,9 +991,16 @@ static inline void cm_pf_step(const cm_map *m, const cm_keys *ks, Py_ssize_t i, 
         if (e) cm_prefetch_entry(m, e);
     }
     j = i + CM_PF_D / 4;
-    if (want_state && j < ks->n) {
-        uint32_t e = cm_pf_head(m, pf->h[j & (CM_PF_RING - 1u)]);
-        if (e) CM_PREFETCH(cm_E(m, e)->state);
+    if (j < ks->n) {
+        /* the head has arrived: the next entry if the key is further down
+         * the chain (its hash differs), else the state a get will INCREF */
+        uint32_t h = pf->h[j & (CM_PF_RING - 1u)];
+        uint32_t e = cm_pf_head(m, h);
+        if (e) {
+            const cm_entry *x = cm_E(m, e);
+            if (x->hash != h) { if (x->next) cm_prefetch_entry(m, x->next); }
+            else if (want_state) CM_PREFETCH(x->state);
+        }
     }
 }
 
@@ -1089,14 +1099,18 @@ static inline int cm_fast_ok(const cm_map *m, int mode) {
 
 /* Pipelined int64 batch over [start, n): each key is hashed once; its slot is
  * prefetched CM_FD keys before the key is resolved and its head entry (both
- * cache lines) CM_FD/3 later. The final step re-reads the slot, so entries
- * added earlier in the same batch are seen. No step reads an entry before the
- * key is resolved: the memory system is the bottleneck here, so an entry is
- * still in flight long after its prefetch, and an early read stalls. A put's
- * replaced state is prefetched when it is replaced and released CM_FLATE
- * replacements later (`late`; the caller releases what is left), so the
- * misses on scattered old states overlap too. Gets store borrowed states and
- * take the references in a second streaming pass (cm_batch_fast_refs).
+ * cache lines) CM_FD/3 later. Another CM_FD/3 later the head is read: when its
+ * hash is not the key's, the key is further down the chain (about one lookup
+ * in four at the usual loads), so the next entry is prefetched too, and the
+ * lookup no longer stalls on a chain step. That read is the only one before
+ * the key is resolved, and it comes a third of the pipeline after its
+ * prefetch: the memory system is the bottleneck here, and a read closer
+ * behind its prefetch stalls on it. The final step re-reads the slot, so
+ * entries added earlier in the same batch are seen. A put's replaced state is
+ * prefetched when it is replaced and released CM_FLATE replacements later
+ * (`late`; the caller releases what is left), so the misses on scattered old
+ * states overlap too. Gets store borrowed states and take the references in a
+ * second streaming pass (cm_batch_fast_refs).
  * Returns the index where it stopped (n, or earlier when an insert started a
  * rehash), or -1 on error. */
 static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start,
@@ -1127,6 +1141,18 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
             const cm_page *pg = t->pages[(h & cmask) >> shift];
             uint32_t e = pg ? pg->slots[h & pmask] : 0u;
             if (e) cm_prefetch_entry(m, e);
+        }
+        j = i - (Py_ssize_t)(2 * CM_FD / 3);
+        if (j >= start && j < n) {
+            /* the head has arrived by now: if its hash is not the key's, the
+             * key is further down the chain, so prefetch the next entry too */
+            uint32_t h = ring[j & (CM_FR - 1u)];
+            const cm_page *pg = t->pages[(h & cmask) >> shift];
+            uint32_t e = pg ? pg->slots[h & pmask] : 0u;
+            if (e) {
+                const cm_entry *x = cm_E(m, e);
+                if (x->hash != h && x->next) cm_prefetch_entry(m, x->next);
+            }
         }
         j = i - (Py_ssize_t)CM_FD;
         if (j < start) continue;
