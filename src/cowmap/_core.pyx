@@ -96,13 +96,15 @@ cdef inline int64_t _as_time(object t, str what="ts") except? -1:
 
 cdef inline int64_t _as_time_for(cm_map *m, object key, object ns, object t, str what="ts") except? -1:
     """``_as_time`` for a single-key call on ``m``: before a time provider is
-    called (a Python call), the miss on the key's bucket slot is started, so
-    that the two overlap."""
+    called (a Python call), the miss on the key's head entry is started, so
+    that the two overlap. Reading the bucket slot for it costs a miss of its
+    own unless the caller ran ``prefetch`` for the key a little earlier (the
+    keyed states do); without that it is the miss the lookup would pay anyway."""
     cdef uint32_t h
     if type(t) is int:
         return t
     if t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, &h):
-        cm_hint_at(m, h, 0)
+        cm_hint_at(m, h, 1)
     return _as_time(t, what)
 
 
@@ -256,6 +258,16 @@ cdef class CopyOnWriteStateMap:
         """Set the timestamp of an existing entry; False when absent."""
         return cm_set_timestamp(&self.m, key, namespace, _as_time(ts)) == 1
 
+    def prefetch(self, key, namespace):
+        """A hint for an access to ``(key, namespace)`` that follows soon: the
+        bucket of the key starts loading now, so that its cache miss (in a map
+        bigger than the CPU caches) overlaps the caller's work in between.
+        Changes nothing and raises nothing; keys whose hash would run Python code
+        (a ``__hash__`` of their own, an uncached str hash) are skipped."""
+        cdef uint32_t h
+        if cm_hint_composite(<PyObject *>key, <PyObject *>namespace, &h):
+            cm_hint_at(&self.m, h, 0)
+
     def contains_key(self, key, namespace):
         """True if ``(key, namespace)`` is mapped (also when its state is None)."""
         return cm_contains(&self.m, key, namespace) == 1
@@ -270,7 +282,7 @@ cdef class CopyOnWriteStateMap:
 
     def put_and_get_old(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Put and return the previous state (a copy if shared with a snapshot), or None."""
-        return cm_put_and_get_old(&self.m, key, namespace, state, _as_time(ts))
+        return cm_put_and_get_old(&self.m, key, namespace, state, _as_time_for(&self.m, key, namespace, ts))
 
     def remove_and_get_old(self, key, namespace):
         """Remove and return the previous state (a copy if shared with a snapshot), or None."""

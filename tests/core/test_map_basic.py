@@ -343,6 +343,42 @@ def test_reentrant_use_from_key_eq_raises_runtime_error(action) -> None:
     assert len(m) == len(list(m)) == 2
 
 
+class _CountingHashKey:
+    hashed = 0
+
+    def __hash__(self) -> int:
+        _CountingHashKey.hashed += 1
+        return 7
+
+
+def test_prefetch_is_a_hint_that_changes_nothing() -> None:
+    """``prefetch`` only starts loading a bucket: it returns None and leaves the map as
+    it was, for present and absent keys and keys of any type; it never runs a key's
+    own ``__hash__`` (a hint must not run Python code) and, called from a key's
+    ``__eq__`` while the map is in use, it is skipped instead of raising."""
+    m = CopyOnWriteStateMap()
+    for k in range(200):
+        m.put(k, "ns", k)
+    m.put("s", 1, "str key")
+    before = (sorted(map(repr, m)), m.version, len(m))
+    for key, ns in ((5, "ns"), (10**6, "ns"), ("s", 1), ("absent", 2), (2**70, 0), ([1], 0), (1, {}), (None, None)):
+        assert m.prefetch(key, ns) is None
+    counting = _CountingHashKey()
+    m.prefetch(counting, 0)
+    assert _CountingHashKey.hashed == 0
+    assert (sorted(map(repr, m)), m.version, len(m)) == before
+    m.put(_ReentrantEqKey(1, h=3), 0, "one")
+    default_action = _ReentrantEqKey.action
+    _ReentrantEqKey.action = staticmethod(lambda mm: mm.prefetch("other", 0))
+    _ReentrantEqKey.m = m
+    try:
+        m.put(_ReentrantEqKey(2, h=3), 0, "two")  # its __eq__ prefetches on the busy map
+    finally:
+        _ReentrantEqKey.m = None
+        _ReentrantEqKey.action = default_action
+    assert m.get(_ReentrantEqKey(2, h=3), 0) == "two" and len(m) == 203
+
+
 def test_reentrant_use_from_key_hash_raises_runtime_error() -> None:
     m = CopyOnWriteStateMap()
 

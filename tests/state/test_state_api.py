@@ -1009,3 +1009,34 @@ def test_a_time_provider_returning_no_int_fails_the_access() -> None:
     backend.set_current_key("k")
     with pytest.raises(TypeError, match="time_provider must return int milliseconds"):
         state.update(1)
+
+
+def test_map_state_reads_the_clock_once_per_access() -> None:
+    """As Flink reads its TtlTimeProvider once per access: a put of a new user key
+    (looked up, then inserted and linked) and of an existing one, a get and a
+    contains each call the time provider exactly once, and the new entry carries
+    the time that one call returned."""
+    calls = [0]
+
+    def clock() -> int:
+        calls[0] += 1
+        return 1_000 + calls[0]
+
+    backend = KeyedStateBackend(time_provider=clock)
+    desc = MapStateDescriptor("m")
+    desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=50)).disable_cleanup_in_background().build())
+    state = backend.get_map_state(desc)
+    backend.set_current_key("k")
+    inserted_at = {}
+    for name, access in (("a", lambda: state.put("a", 1)), ("", lambda: state.put("a", 2)),
+                         ("b", lambda: state.put("b", None)), ("", lambda: state.get("a")),
+                         ("", lambda: state.contains("b")), ("", lambda: state.get("zz"))):
+        before = calls[0]
+        access()
+        assert calls[0] == before + 1
+        if name:
+            inserted_at[name] = 1_000 + calls[0]  # what that one call returned
+    assert state.items() == [("a", 2), ("b", None)]
+    value_map = backend._tables["m"].maps[backend._kg]
+    assert value_map.timestamp("b", "k") == inserted_at["b"]
+    assert value_map.timestamp("a", "k") == inserted_at["a"] + 1  # OnCreateAndWrite: the second put

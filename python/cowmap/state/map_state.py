@@ -75,10 +75,14 @@ class MapTable(StateTable):
 
     def insert(self, kg: int, ctx: Any, ukey: Any, value: Any, ts: int) -> None:
         """Add a user entry that is not there yet, at the tail."""
+        self.maps[kg].put(ukey, ctx, _NONE if value is None else value, ts)  # type: ignore[union-attr]
+        self.link(kg, ctx, ukey)
+
+    def link(self, kg: int, ctx: Any, ukey: Any) -> None:
+        """Link a user entry just added to the value map at the tail of its list."""
         L = self.links[kg]
         d = self.dirs[kg]
         key, ns = split_ctx(ctx)
-        self.maps[kg].put(ukey, ctx, _NONE if value is None else value, ts)  # type: ignore[union-attr]
         dc = d.get(key, ns)  # type: ignore[union-attr]
         if dc is None:
             L.put(ukey, ctx, (None, None))  # type: ignore[union-attr]
@@ -207,14 +211,16 @@ class MapState(AsyncMapMethods, State):
         kg = b._kg
         if kg is None:
             raise self._no_key()
+        e = t.maps[kg]
+        if e is not None:
+            ctx = self._c if self._c_key is b._key else self._ctx()
+            e.prefetch(ukey, ctx)  # the bucket's miss overlaps the cleanup step and the clock
         if t.cleanup_size:
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
-        e = t.maps[kg]
         if e is None:
             return _NO_KEY
-        ctx = self._c if self._c_key is b._key else self._ctx()
         if not t.ttl:
             v = e.get(ukey, ctx)
         else:
@@ -242,19 +248,20 @@ class MapState(AsyncMapMethods, State):
         kg = b._kg
         if kg is None:
             raise self._no_key()
+        if key is None:
+            raise TypeError("MapState user keys must not be None")
+        e = t.maps[kg]
+        if e is None:
+            e = t.map_for_write(kg)
+        ctx = self._c if self._c_key is b._key else self._ctx()
+        e.prefetch(key, ctx)  # the bucket's miss overlaps the cleanup step and the clock
         if t.cleanup_size:
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
-        e = t.maps[kg]
-        if e is None:
-            e = t.map_for_write(kg)
-        if key is None:
-            raise TypeError("MapState user keys must not be None")
-        ctx = self._c if self._c_key is b._key else self._ctx()
-        ts = b._time() if t.ttl else NO_TIMESTAMP
-        if not e.replace(key, ctx, _NONE if value is None else value, ts):
-            t.insert(kg, ctx, key, value, ts)  # type: ignore[attr-defined]
+        # one lookup, the clock read inside it; a new user key still needs linking
+        if e.put_and_get_old(key, ctx, _NONE if value is None else value, b._time if t.ttl else NO_TIMESTAMP) is None:
+            t.link(kg, ctx, key)  # type: ignore[attr-defined]
 
     def _put(self, kg: int, e: CopyOnWriteStateMap, ukey: Any, value: Any, ts: int) -> None:
         if ukey is None:
