@@ -426,6 +426,23 @@ static int cm_drop_old_page(cm_map *m, uint32_t pi) {
     return p ? cm_retire_page(m, p) : 0;
 }
 
+/* Heads of the chains the next rehash steps move, prefetched at the end of a
+ * step: the old slots are read in order, but the entries they lead to are
+ * scattered, and each was a serial cache miss of the operation paying the
+ * step (a step moves at least 4). The window spans about four steps, so the
+ * entries are in flight an operation ahead, and a batch paying its steps back
+ * to back still finds them in flight. */
+#define CM_RH_AHEAD 32u
+
+CM_ALWAYS_INLINE static inline void cm_rehash_prefetch(const cm_map *m, uint32_t rh) {
+    const cm_table *old = &m->primary;
+    uint32_t end = old->capacity - rh > CM_RH_AHEAD ? rh + CM_RH_AHEAD : old->capacity;
+    for (uint32_t b = rh; b < end; b++) {
+        uint32_t i = cm_slot_get(old, b);
+        if (i) CM_PREFETCH_W((const char *)cm_E(m, i) + offsetof(cm_entry, next));
+    }
+}
+
 /* One step of incremental rehash: move whole chains until >= 4 entries moved. */
 static int cm_rehash_step(cm_map *m) {
     cm_table *old = &m->primary, *nw = &m->rehash;
@@ -459,6 +476,7 @@ static int cm_rehash_step(cm_map *m) {
         }
     }
     m->rehash_index = rh;
+    cm_rehash_prefetch(m, rh);
     return 0;
 }
 
