@@ -328,6 +328,9 @@ static uint32_t cm_entry_alloc(cm_map *m) {
         uint32_t i = m->free_head;
         m->free_head = cm_E(m, i)->next;
         m->nfree--;
+        /* freed entries are listed in the order they were freed, scattered:
+         * start the miss the next allocation would take on reading its link */
+        if (m->free_head) CM_PREFETCH_W(cm_E(m, m->free_head));
         return i;
     }
     uint32_t i = m->next_unused;
@@ -367,8 +370,11 @@ static int cm_retire_entry(cm_map *m, uint32_t i) {
     return cm_u32vec_push(&m->snaps[m->nsnaps - 1].ents, i);
 }
 
-/* A private copy of entry i at the current version (Flink: new StateMapEntry(e, version)). */
-static uint32_t cm_entry_copy(cm_map *m, uint32_t i) {
+/* A private copy of entry i at the current version (Flink: new StateMapEntry(e, version)).
+ * With `state` (a reference, stolen) the copy holds it instead of i's state,
+ * which stays with i alone: a copy made to be overwritten never touches the
+ * old state object, a cache miss in a big map. */
+static uint32_t cm_entry_copy(cm_map *m, uint32_t i, PyObject *state) {
     uint32_t j = cm_entry_alloc(m);
     if (!j) return 0;
     cm_entry *src = cm_E(m, i), *dst = cm_E(m, j);
@@ -376,17 +382,23 @@ static uint32_t cm_entry_copy(cm_map *m, uint32_t i) {
     dst->ev = m->version | (src->ev & CM_F_INTKEY);
     if (!(dst->ev & CM_F_INTKEY)) Py_INCREF(dst->key.obj);
     Py_INCREF(dst->ns);
-    Py_INCREF(dst->state);
+    if (state) { dst->state = state; dst->sv = m->version; }
+    else Py_INCREF(dst->state);
     return j;
 }
 
-/* Copy the chain of bucket b up to `until` where shared; returns until's private index. */
-static uint32_t cm_chain_cow(cm_map *m, cm_table *t, uint32_t b, uint32_t until) {
+/* Copy the chain of bucket b up to `until` where shared; returns until's
+ * private index. With `until_state` (a reference, or NULL) a copy of `until`
+ * holds *until_state instead of until's state, and *until_state is set to NULL:
+ * the caller owns it no more. */
+static uint32_t cm_chain_cow(cm_map *m, cm_table *t, uint32_t b, uint32_t until, PyObject **until_state) {
     uint32_t *slot = cm_slot_w(m, t, b);
     if (!slot) return 0;
     uint32_t cur = *slot, copy;
+    PyObject *st = until_state ? *until_state : NULL;
     if (cm_ev(cm_E(m, cur)) < m->required) {
-        if (!(copy = cm_entry_copy(m, cur))) return 0;
+        if (!(copy = cm_entry_copy(m, cur, cur == until ? st : NULL))) return 0;
+        if (cur == until && st) *until_state = NULL;
         *slot = copy;
         if (cm_retire_entry(m, cur) < 0) return 0;
     } else {
@@ -395,8 +407,9 @@ static uint32_t cm_chain_cow(cm_map *m, cm_table *t, uint32_t b, uint32_t until)
     while (cur != until) {
         cur = cm_E(m, cur)->next;
         if (cm_ev(cm_E(m, cur)) < m->required) {
-            uint32_t c2 = cm_entry_copy(m, cur);
+            uint32_t c2 = cm_entry_copy(m, cur, cur == until ? st : NULL);
             if (!c2) return 0;
+            if (cur == until && st) *until_state = NULL;
             cm_E(m, copy)->next = c2;
             copy = c2;
             if (cm_retire_entry(m, cur) < 0) return 0;
@@ -453,7 +466,7 @@ static int cm_rehash_step(cm_map *m) {
         while (i) {
             uint32_t n = cm_E(m, i)->next;
             if (cm_ev(cm_E(m, i)) < m->required) {
-                uint32_t c = cm_entry_copy(m, i);
+                uint32_t c = cm_entry_copy(m, i, NULL);
                 if (!c || cm_retire_entry(m, i) < 0) return -1;
                 i = c;
             }
@@ -661,7 +674,7 @@ static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
 /* The located entry, private to the live map (chain copied where shared). */
 static inline uint32_t cm_writable(cm_map *m, const cm_probe *p, const cm_loc *loc) {
     if (cm_ev(cm_E(m, loc->idx)) < m->required)
-        return cm_chain_cow(m, loc->t, p->hash & (loc->t->capacity - 1u), loc->idx);
+        return cm_chain_cow(m, loc->t, p->hash & (loc->t->capacity - 1u), loc->idx, NULL);
     return loc->idx;
 }
 
@@ -673,7 +686,7 @@ static int cm_unlink(cm_map *m, cm_table *t, uint32_t b, uint32_t idx, uint32_t 
         if (!slot) return -1;
         *slot = next;
     } else {
-        if (cm_ev(cm_E(m, prev)) < m->required && !(prev = cm_chain_cow(m, t, b, prev))) return -1;
+        if (cm_ev(cm_E(m, prev)) < m->required && !(prev = cm_chain_cow(m, t, b, prev, NULL))) return -1;
         cm_E(m, prev)->next = next;
     }
     m->size--;
@@ -1169,7 +1182,11 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
             uint32_t e = pg ? pg->slots[h & pmask] : 0u;
             if (e) {
                 const cm_entry *x = cm_E(m, e);
-                if (x->hash != h && x->next) cm_prefetch_entry(m, x->next);
+                if (x->hash != h && x->next) {
+                    cm_prefetch_entry(m, x->next);
+                    /* a put under a live snapshot copies the head too (its state gains a reference) */
+                    if (m->required && mode == CM_B_PUT) CM_PREFETCH_W(x->state);
+                }
             }
         }
         j = i - (Py_ssize_t)CM_FD;
@@ -1214,9 +1231,13 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
                 if (!w) { cm_grave(m, ns_state); return -1; }
                 hit = cm_E(m, w);
             } else if (cm_ev(hit) < m->required) {
-                uint32_t w = cm_chain_cow(m, &m->primary, h & cmask, e);
-                if (!w) { cm_grave(m, ns_state); return -1; }
+                /* the copy takes the new state: the old one stays with the
+                 * snapshot's entry, untouched */
+                PyObject *own = ns_state;
+                uint32_t w = cm_chain_cow(m, &m->primary, h & cmask, e, &own);
+                if (!w) { if (own) cm_grave(m, own); return -1; }
                 hit = cm_E(m, w);
+                if (!own) { hit->ts = bt->ts; continue; }
             }
             if (hit->state != ns_state) {
                 PyObject *old = hit->state;
@@ -1443,6 +1464,10 @@ static void cm_reclaim_some(cm_map *m, size_t budget) {
         for (uint32_t k = m->nsnaps; k-- > 0;)
             if (m->snaps[k].version < b->version) { older = &m->snaps[k]; break; }
         while (budget && b->ents.n) {
+            /* the entries are scattered, and freeing one reads it and releases
+             * its state: prefetch the entries 16 ahead and the states 8 ahead */
+            if (b->ents.n > 16) cm_prefetch_entry(m, b->ents.a[b->ents.n - 17]);
+            if (b->ents.n > 8) CM_PREFETCH_W(cm_E(m, b->ents.a[b->ents.n - 9])->state);
             uint32_t e = b->ents.a[--b->ents.n];
             budget--; m->rq_items--;
             if (older && cm_ev(cm_E(m, e)) < older->version) {

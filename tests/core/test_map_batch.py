@@ -490,6 +490,31 @@ class _State:
     """A state only the map refers to: its weak reference dies with the map's reference."""
 
 
+def test_put_many_over_a_snapshot_gives_the_copies_the_new_states() -> None:
+    """Under a live snapshot a numpy put_many copies each shared entry (and the chain
+    entries before it) with the new state in the copy: the live map holds each new
+    state once, the snapshot still holds and shows each old one, and its release
+    frees the old ones."""
+    keys = np.random.default_rng(5).permutation(np.arange(0, 6000, 3, dtype=np.int64))
+    m = CopyOnWriteStateMap()
+    m.put_many(keys, 0, [_State() for _ in keys], ts=1)
+    olds = {int(k): weakref.ref(m.get(int(k), 0)) for k in keys}
+    news = [_State() for _ in keys]
+    base = [sys.getrefcount(s) for s in news]
+    snap = m.snapshot()
+    m.put_many(keys, 0, news, ts=2)
+    assert [sys.getrefcount(s) for s in news] == [b + 1 for b in base]
+    assert all(m.get_with_timestamp(int(k), 0) == (s, 2) for k, s in zip(keys.tolist(), news))
+    assert {k: s for k, _, s in snap} == {k: r() for k, r in olds.items()}
+    assert {ts for *_, ts in snap.iter_with_timestamps()} == {1}
+    snap.release()
+    m.reclaim()
+    gc.collect()
+    assert all(r() is None for r in olds.values())
+    assert [sys.getrefcount(s) for s in news] == [b + 1 for b in base]
+    assert len(m) == len(keys)
+
+
 def test_put_many_releases_every_replaced_state() -> None:
     """A numpy put_many replacing states releases each old state once (the releases
     trail the writes in the pipelined path), and holds each new one once."""
