@@ -27,7 +27,6 @@ cdef extern from "cowmap_core.h":
         uint32_t required
         uint64_t mod_count
         uint32_t next_unused
-        uint32_t nfree
         uint64_t npages_live
         uint32_t nsnaps
         size_t rq_items
@@ -88,6 +87,7 @@ cdef extern from "cowmap_core.h":
     int cm_visit_next(cm_map *m, cm_cursor *c, uint32_t max_empty, cm_vpos *out)
     object cm_chain_list(const cm_map *m, const cm_vpos *vp)
     size_t cm_bytes(const cm_map *m)
+    uint32_t cm_nfree(const cm_map *m)
 
 
 cdef extern from "hugealloc.h":

@@ -428,12 +428,12 @@ cdef class CopyOnWriteStateMap:
 
     def memory_stats(self):
         """Entry and page counts and the bytes the core holds (excluding Python objects)."""
-        total = self.m.next_unused - 1 - self.m.nfree
+        total = self.m.next_unused - 1 - cm_nfree(&self.m)
         return {
             "live_entries": self.m.size,
             "total_entries": total,
             "retained_entries": total - self.m.size,
-            "free_entries": self.m.nfree,
+            "free_entries": cm_nfree(&self.m),
             "pages": self.m.npages_live,
             "snapshots": self.m.nsnaps,
             "reclaim_pending": self.m.rq_items,

@@ -136,7 +136,7 @@ typedef struct {
     cm_entry **chunks;
     uint32_t nchunks, chunks_cap;
     uint32_t next_unused; /* next never-used entry index */
-    uint32_t free_head, nfree;
+    cm_u32vec freed;      /* free entry indices, a stack (see cm_entry_alloc) */
     uint64_t npages_live; /* pages allocated and not yet freed */
     cm_snapref *snaps;    /* live snapshots, ascending versions */
     uint32_t nsnaps, snaps_cap;
@@ -162,14 +162,20 @@ typedef struct {
 
 /* ------------------------------------------------------------------ utils */
 
-static int cm_u32vec_push(cm_u32vec *v, uint32_t x) {
+/* -1 when out of memory, with no Python error set (freeing paths must not touch one). */
+static int cm_u32vec_add(cm_u32vec *v, uint32_t x) {
     if (v->n == v->cap) {
         size_t nc = v->cap ? v->cap * 2 : 16;
         uint32_t *na = (uint32_t *)PyMem_RawRealloc(v->a, nc * sizeof(uint32_t));
-        if (!na) { PyErr_NoMemory(); return -1; }
+        if (!na) return -1;
         v->a = na; v->cap = nc;
     }
     v->a[v->n++] = x;
+    return 0;
+}
+
+static int cm_u32vec_push(cm_u32vec *v, uint32_t x) {
+    if (cm_u32vec_add(v, x) < 0) { PyErr_NoMemory(); return -1; }
     return 0;
 }
 
@@ -324,13 +330,12 @@ static uint32_t *cm_slot_w(cm_map *m, cm_table *t, uint32_t b) {
 /* ---------------------------------------------------------------- entries */
 
 static uint32_t cm_entry_alloc(cm_map *m) {
-    if (m->free_head) {
-        uint32_t i = m->free_head;
-        m->free_head = cm_E(m, i)->next;
-        m->nfree--;
-        /* freed entries are listed in the order they were freed, scattered:
-         * start the miss the next allocation would take on reading its link */
-        if (m->free_head) CM_PREFETCH_W(cm_E(m, m->free_head));
+    if (m->freed.n) {
+        /* freed entries are scattered (freed in the order a snapshot retired
+         * them): a stack of indices, unlike a list linked through the entries,
+         * lets the entries of the allocations to come be prefetched */
+        uint32_t i = m->freed.a[--m->freed.n];
+        if (m->freed.n >= 8) CM_PREFETCH_W(cm_E(m, m->freed.a[m->freed.n - 8]));
         return i;
     }
     uint32_t i = m->next_unused;
@@ -359,10 +364,9 @@ static void cm_entry_free(cm_map *m, uint32_t i) {
     if (!(e->ev & CM_F_INTKEY)) cm_grave(m, e->key.obj);
     cm_grave(m, e->ns);
     cm_grave(m, e->state);
-    e->next = m->free_head;
     e->state = NULL;
-    m->free_head = i;
-    m->nfree++;
+    /* out of memory: the entry is never reused (a leak of 48 bytes), no error */
+    (void)cm_u32vec_add(&m->freed, i);
 }
 
 static int cm_retire_entry(cm_map *m, uint32_t i) {
@@ -646,7 +650,7 @@ static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
     uint32_t i = cm_entry_alloc(m);
     if (!i) return 0;
     uint32_t *slot = cm_slot_w(m, t, p->hash & (t->capacity - 1u));
-    if (!slot) { cm_E(m, i)->next = m->free_head; m->free_head = i; m->nfree++; return 0; }
+    if (!slot) { (void)cm_u32vec_add(&m->freed, i); return 0; }
     cm_entry *e = cm_E(m, i);
     if (p->is_int) {
         e->key.i = p->ikey;
@@ -1857,6 +1861,8 @@ static void cm_dealloc(cm_map *m) {
     for (uint32_t c = 0; c < m->nchunks; c++) cm_ha_free(m->chunks[c], cm_chunk_bytes(c));
     PyMem_RawFree(m->chunks);
     m->chunks = NULL;
+    PyMem_RawFree(m->freed.a);
+    m->freed.a = NULL; m->freed.n = m->freed.cap = 0;
     PyMem_RawFree(m->snaps);
     PyMem_RawFree(m->pending_release.a);
     m->nchunks = 0; m->snaps = NULL; m->nsnaps = 0;
@@ -1870,8 +1876,11 @@ static void cm_dealloc(cm_map *m) {
     Py_CLEAR(m->copier);
 }
 
+static inline uint32_t cm_nfree(const cm_map *m) { return (uint32_t)m->freed.n; }
+
 static size_t cm_bytes(const cm_map *m) {
     size_t b = (size_t)cm_chunk_start(m->nchunks) * sizeof(cm_entry) + m->chunks_cap * sizeof(void *);
+    b += m->freed.cap * sizeof(uint32_t);
     b += (size_t)m->npages_live * sizeof(cm_page);
     /* slot bytes: pages of the live tables are full-size; retired pages too */
     b += (size_t)m->npages_live * (sizeof(uint32_t) << (m->primary.page_shift));
