@@ -218,8 +218,9 @@ cdef class CopyOnWriteStateMap:
     # ---------------------------------------------------------- single keys
 
     def put(self, key, namespace, state, ts=NO_TIMESTAMP):
-        """Map ``(key, namespace)`` to ``state`` with timestamp ``ts`` (ms). O(1) amortised."""
-        cm_put(&self.m, key, namespace, state, _as_time_for(&self.m, key, namespace, ts))
+        """Map ``(key, namespace)`` to ``state`` with timestamp ``ts`` (ms); True
+        when the key was not mapped before. O(1) amortised."""
+        return cm_put(&self.m, key, namespace, state, _as_time_for(&self.m, key, namespace, ts)) == 1
 
     def get(self, key, namespace):
         """The state of ``(key, namespace)`` or None. A state shared with a

@@ -738,6 +738,7 @@ static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t 
 }
 
 /* Write `state` (borrowed) at the probe; creates the entry if needed. */
+/* 1 a new entry was added, 0 an existing one written, -1 error. */
 static int cm_put_probe(cm_map *m, const cm_probe *p, PyObject *state, int64_t ts) {
     cm_loc loc;
     if (cm_locate(m, p, &loc) < 0) return -1;
@@ -745,7 +746,7 @@ static int cm_put_probe(cm_map *m, const cm_probe *p, PyObject *state, int64_t t
     if (!w) return -1;
     Py_INCREF(state);
     cm_set_state(m, w, state, ts);
-    return 0;
+    return !loc.found;
 }
 
 /* ------------------------------------------------------ public single ops */

@@ -94,6 +94,19 @@ def test_put_get_remove_roundtrip() -> None:
     assert map_contents(m) == {(1, "b"): "one-b", (2, "a"): "two-a"}
 
 
+def test_put_says_whether_the_key_is_new() -> None:
+    m = CopyOnWriteStateMap()
+    assert m.put("k", 0, None) is True
+    assert m.put("k", 0, "v") is False  # a None state is a mapping too
+    assert m.put("k", 1, "v") is True
+    with m.snapshot():
+        assert m.put("k", 0, "w") is False  # shared with the snapshot: copied, still not new
+        assert m.put(7, 0, "x") is True
+    m.remove("k", 0)
+    assert m.put("k", 0, "y") is True
+    assert len(m) == 3
+
+
 def test_put_and_get_old_and_remove_and_get_old() -> None:
     m = CopyOnWriteStateMap()
     assert m.put_and_get_old("k", 0, "v1") is None

@@ -1011,6 +1011,33 @@ def test_a_time_provider_returning_no_int_fails_the_access() -> None:
         state.update(1)
 
 
+def test_map_state_put_after_a_snapshot_copies_no_value() -> None:
+    """Overwriting a user entry that a snapshot shares keeps the old value for the
+    snapshot as it is: the copier (a deep copy for mutable values) is not called,
+    neither for an existing user key nor for a new one."""
+    copies = []
+
+    def copier(v: Any) -> Any:
+        copies.append(v)
+        return list(v)
+
+    backend = KeyedStateBackend()
+    state = backend.get_map_state(MapStateDescriptor("m", copier=copier))
+    backend.set_current_key("k")
+    old = [1, 2]
+    state.put("a", old)
+    snap = backend.snapshot()
+    state.put("a", [3])
+    state.put("b", [4])
+    assert copies == []
+    assert state.items() == [("a", [3]), ("b", [4])]
+    restored = KeyedStateBackend()
+    restored.restore(snap)
+    snap.release()
+    restored.set_current_key("k")
+    assert restored.get_map_state(MapStateDescriptor("m")).items() == [("a", [1, 2])]
+
+
 def test_map_state_reads_the_clock_once_per_access() -> None:
     """As Flink reads its TtlTimeProvider once per access: a put of a new user key
     (looked up, then inserted and linked) and of an existing one, a get and a

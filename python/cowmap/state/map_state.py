@@ -260,7 +260,7 @@ class MapState(AsyncMapMethods, State):
             if t.ticks <= 0:
                 t.run_cleanup()
         # one lookup, the clock read inside it; a new user key still needs linking
-        if e.put_and_get_old(key, ctx, _NONE if value is None else value, b._time if t.ttl else NO_TIMESTAMP) is None:
+        if e.put(key, ctx, _NONE if value is None else value, b._time if t.ttl else NO_TIMESTAMP):
             t.link(kg, ctx, key)  # type: ignore[attr-defined]
 
     def _put(self, kg: int, e: CopyOnWriteStateMap, ukey: Any, value: Any, ts: int) -> None:
