@@ -162,13 +162,23 @@ typedef struct {
 
 /* ------------------------------------------------------------------ utils */
 
-/* -1 when out of memory, with no Python error set (freeing paths must not touch one). */
+/* The items of a full vector (*cap of `size` bytes) moved to twice the room,
+ * or NULL (the vector as it was) when out of memory. */
+static void *cm_vec_grow(void *a, size_t *cap, size_t size) {
+    size_t nc = *cap ? *cap * 2 : 16;
+    void *na = PyMem_RawRealloc(a, nc * size);
+    if (na) *cap = nc;
+    return na;
+}
+
+/* The _add functions return -1 when out of memory with no Python error set:
+ * releasing and bookkeeping paths use them, so an error being raised stays.
+ * The _push functions set MemoryError, for paths that report it. */
 static int cm_u32vec_add(cm_u32vec *v, uint32_t x) {
     if (v->n == v->cap) {
-        size_t nc = v->cap ? v->cap * 2 : 16;
-        uint32_t *na = (uint32_t *)PyMem_RawRealloc(v->a, nc * sizeof(uint32_t));
+        uint32_t *na = (uint32_t *)cm_vec_grow(v->a, &v->cap, sizeof(uint32_t));
         if (!na) return -1;
-        v->a = na; v->cap = nc;
+        v->a = na;
     }
     v->a[v->n++] = x;
     return 0;
@@ -179,13 +189,11 @@ static int cm_u32vec_push(cm_u32vec *v, uint32_t x) {
     return 0;
 }
 
-/* -1 when out of memory, with no Python error set (cm_grave must not touch one). */
 static int cm_ptrvec_add(cm_ptrvec *v, void *x) {
     if (v->n == v->cap) {
-        size_t nc = v->cap ? v->cap * 2 : 16;
-        void **na = (void **)PyMem_RawRealloc(v->a, nc * sizeof(void *));
+        void **na = (void **)cm_vec_grow(v->a, &v->cap, sizeof(void *));
         if (!na) return -1;
-        v->a = na; v->cap = nc;
+        v->a = na;
     }
     v->a[v->n++] = x;
     return 0;
@@ -250,6 +258,15 @@ CM_ALWAYS_INLINE static inline void cm_prefetch_entry(const cm_map *m, uint32_t 
     const char *e = (const char *)cm_E(m, i);
     CM_PREFETCH(e);
     CM_PREFETCH(e + sizeof(cm_entry) - 1);
+}
+
+/* For a lookup of hash h whose bucket head `head` has arrived: 1 if the head
+ * is another key's (the next entry of the chain is prefetched), 0 if it is
+ * most likely the key's own. */
+CM_ALWAYS_INLINE static inline int cm_prefetch_past_head(const cm_map *m, const cm_entry *head, uint32_t h) {
+    if (head->hash == h) return 0;
+    if (head->next) cm_prefetch_entry(m, head->next);
+    return 1;
 }
 
 /* Release a reference the map held. A DECREF that cannot free the object runs
@@ -737,8 +754,8 @@ static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t 
     cm_grave(m, old);
 }
 
-/* Write `state` (borrowed) at the probe; creates the entry if needed. */
-/* 1 a new entry was added, 0 an existing one written, -1 error. */
+/* Write `state` (borrowed) at the probe, creating the entry if needed: 1 a
+ * new entry was added, 0 an existing one written, -1 error. */
 static int cm_put_probe(cm_map *m, const cm_probe *p, PyObject *state, int64_t ts) {
     cm_loc loc;
     if (cm_locate(m, p, &loc) < 0) return -1;
@@ -947,8 +964,7 @@ CM_ALWAYS_INLINE static inline void cm_hint_at(const cm_map *m, uint32_t h, int 
     if (!i) return;
     if (stage == 1) { cm_prefetch_entry(m, i); return; }
     const cm_entry *e = cm_E(m, i);
-    if (e->hash != h) { if (e->next) cm_prefetch_entry(m, e->next); } /* further down the chain */
-    else if (e->state) CM_PREFETCH_W(e->state);
+    if (!cm_prefetch_past_head(m, e, h) && e->state) CM_PREFETCH_W(e->state);
 #else
     (void)m; (void)h; (void)stage;
 #endif
@@ -1032,11 +1048,7 @@ static inline void cm_pf_step(const cm_map *m, const cm_keys *ks, Py_ssize_t i, 
          * the chain (its hash differs), else the state a get will INCREF */
         uint32_t h = pf->h[j & (CM_PF_RING - 1u)];
         uint32_t e = cm_pf_head(m, h);
-        if (e) {
-            const cm_entry *x = cm_E(m, e);
-            if (x->hash != h) { if (x->next) cm_prefetch_entry(m, x->next); }
-            else if (want_state) CM_PREFETCH(x->state);
-        }
+        if (e && !cm_prefetch_past_head(m, cm_E(m, e), h) && want_state) CM_PREFETCH(cm_E(m, e)->state);
     }
 }
 
@@ -1183,16 +1195,10 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
             /* the head has arrived by now: if its hash is not the key's, the
              * key is further down the chain, so prefetch the next entry too */
             uint32_t h = ring[j & (CM_FR - 1u)];
-            const cm_page *pg = t->pages[(h & cmask) >> shift];
-            uint32_t e = pg ? pg->slots[h & pmask] : 0u;
-            if (e) {
-                const cm_entry *x = cm_E(m, e);
-                if (x->hash != h && x->next) {
-                    cm_prefetch_entry(m, x->next);
-                    /* a put under a live snapshot copies the head too (its state gains a reference) */
-                    if (m->required && mode == CM_B_PUT) CM_PREFETCH_W(x->state);
-                }
-            }
+            uint32_t e = cm_pf_head(m, h);
+            /* a put under a live snapshot copies the head too (its state gains a reference) */
+            if (e && cm_prefetch_past_head(m, cm_E(m, e), h) && m->required && mode == CM_B_PUT)
+                CM_PREFETCH_W(cm_E(m, e)->state);
         }
         j = i - (Py_ssize_t)CM_FD;
         if (j < start) continue;
@@ -1441,8 +1447,7 @@ static void cm_release_now(cm_map *m, uint32_t version) {
         uint32_t nc = m->rq_cap ? m->rq_cap * 2 : 4;
         cm_rqbatch *na = (cm_rqbatch *)PyMem_RawRealloc(m->rq, nc * sizeof(cm_rqbatch));
         if (!na) {
-            /* cannot queue: reclaim right here instead (the error was ours, not the caller's) */
-            PyErr_Clear();
+            /* cannot queue: reclaim right here instead (PyMem_RawRealloc sets no error) */
             m->rq_items += gone.ents.n + gone.pages.n;
             cm_rqbatch tmp = {version, gone.ents, gone.pages};
             cm_rqbatch *save = m->rq; uint32_t sn = m->nrq;
@@ -1477,7 +1482,7 @@ static void cm_reclaim_some(cm_map *m, size_t budget) {
             budget--; m->rq_items--;
             if (older && cm_ev(cm_E(m, e)) < older->version) {
                 /* out of memory: leaking beats freeing what `older` still reads */
-                if (cm_u32vec_push(&older->ents, e) < 0) PyErr_Clear();
+                (void)cm_u32vec_add(&older->ents, e);
                 continue;
             }
             cm_entry_free(m, e);
@@ -1486,7 +1491,7 @@ static void cm_reclaim_some(cm_map *m, size_t budget) {
             cm_page *p = (cm_page *)b->pages.a[--b->pages.n];
             budget--; m->rq_items--;
             if (older && p->version < older->version) {
-                if (cm_ptrvec_push(&older->pages, p) < 0) PyErr_Clear();
+                (void)cm_ptrvec_add(&older->pages, p);
                 continue;
             }
             cm_page_free(m, p);
@@ -1529,8 +1534,9 @@ static void cm_snap_free_views(cm_snap *s) {
 static void cm_release(cm_map *m, cm_snap *s) {
     cm_snap_free_views(s);
     if (m->busy) {
-        if (cm_u32vec_push(&m->pending_release, s->version) == 0) return;
-        PyErr_Clear(); /* cannot defer: a leak beats freeing under a running operation */
+        /* out of memory it cannot be deferred: a leak beats freeing under a
+         * running operation */
+        (void)cm_u32vec_add(&m->pending_release, s->version);
         return;
     }
     m->busy = 1;

@@ -160,9 +160,8 @@ class MapTable(StateTable):
         copy = self.copy_value
         for key, ns, ukey, value, ts in records:
             ctx = make_ctx(key, ns)
-            value = None if value is None else copy(value)
-            if not e.replace(ukey, ctx, _NONE if value is None else value, ts):
-                self.insert(kg, ctx, ukey, value, ts)
+            if e.put(ukey, ctx, _NONE if value is None else copy(value), ts):
+                self.link(kg, ctx, ukey)
 
 
 class MapState(AsyncMapMethods, State):
@@ -267,8 +266,8 @@ class MapState(AsyncMapMethods, State):
         if ukey is None:
             raise TypeError("MapState user keys must not be None")
         ctx = self._ctx()
-        if not e.replace(ukey, ctx, _NONE if value is None else value, ts):
-            self._t.insert(kg, ctx, ukey, value, ts)  # type: ignore[attr-defined]
+        if e.put(ukey, ctx, _NONE if value is None else value, ts):
+            self._t.link(kg, ctx, ukey)  # type: ignore[attr-defined]
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         kg = self._kg()
