@@ -128,6 +128,7 @@ typedef struct {
 typedef struct {
     cm_table primary, rehash;
     uint32_t rehash_index;
+    uint32_t rh_heads, rh_chains; /* old buckets up to which cm_rehash_prefetch has gone (hints) */
     uint32_t size;
     uint32_t threshold;
     uint32_t version;     /* Flink's stateMapVersion */
@@ -246,7 +247,7 @@ static inline size_t cm_chunk_bytes(uint32_t c) {
     return n * sizeof(cm_entry);
 }
 
-static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
+CM_ALWAYS_INLINE static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
     uint32_t c = cm_chunk_of(i);
     return m->chunks[c] + (i - cm_chunk_start(c));
 }
@@ -451,6 +452,7 @@ static int cm_double_capacity(cm_map *m) {
     if (m->primary.capacity >= CM_MAX_CAPACITY) return 0;
     if (cm_table_init(&m->rehash, m->primary.capacity * 2) < 0) return -1;
     cm_set_threshold(m, m->rehash.capacity);
+    m->rh_heads = m->rh_chains = 0;
     return 0;
 }
 
@@ -460,21 +462,34 @@ static int cm_drop_old_page(cm_map *m, uint32_t pi) {
     return p ? cm_retire_page(m, p) : 0;
 }
 
-/* Heads of the chains the next rehash steps move, prefetched at the end of a
- * step: the old slots are read in order, but the entries they lead to are
- * scattered, and each was a serial cache miss of the operation paying the
- * step (a step moves at least 4). The window spans about four steps, so the
- * entries are in flight an operation ahead, and a batch paying its steps back
- * to back still finds them in flight. */
+/* The entries the next rehash steps move, prefetched at the end of a step:
+ * the old slots are read in order, but the entries they lead to are scattered,
+ * and each was a serial cache miss of the operation paying the step (a step
+ * moves at least 4). Heads are requested CM_RH_AHEAD buckets ahead (about six
+ * steps), each bucket once; a bucket CM_RH_CHASE ahead has its head in cache
+ * by then, so the entry after it (three in ten at the load a rehash starts
+ * at) is requested too. The new table's slots need no help: a chain
+ * of old bucket b goes to new buckets b and b + capacity, two runs in order. */
 #define CM_RH_AHEAD 32u
+#define CM_RH_CHASE 16u
 
-CM_ALWAYS_INLINE static inline void cm_rehash_prefetch(const cm_map *m, uint32_t rh) {
+CM_ALWAYS_INLINE static inline void cm_rehash_prefetch(cm_map *m, uint32_t rh) {
     const cm_table *old = &m->primary;
-    uint32_t end = old->capacity - rh > CM_RH_AHEAD ? rh + CM_RH_AHEAD : old->capacity;
-    for (uint32_t b = rh; b < end; b++) {
+    uint32_t cap = old->capacity;
+    uint32_t end = cap - rh > CM_RH_AHEAD ? rh + CM_RH_AHEAD : cap;
+    for (uint32_t b = m->rh_heads > rh ? m->rh_heads : rh; b < end; b++) {
         uint32_t i = cm_slot_get(old, b);
         if (i) CM_PREFETCH_W((const char *)cm_E(m, i) + offsetof(cm_entry, next));
     }
+    uint32_t asked = m->rh_heads; /* heads requested by earlier steps: arrived */
+    m->rh_heads = end;
+    end = cap - rh > CM_RH_CHASE ? rh + CM_RH_CHASE : cap;
+    if (end > asked) end = asked;
+    for (uint32_t b = m->rh_chains > rh ? m->rh_chains : rh; b < end; b++) {
+        uint32_t i = cm_slot_get(old, b);
+        if (i && (i = cm_E(m, i)->next)) CM_PREFETCH_W((const char *)cm_E(m, i) + offsetof(cm_entry, next));
+    }
+    if (end > m->rh_chains) m->rh_chains = end;
 }
 
 /* One step of incremental rehash: move whole chains until >= 4 entries moved. */
