@@ -96,6 +96,8 @@ typedef struct {
     uint32_t page_shift; /* log2(slots per page) */
     uint32_t npages;
     cm_page **pages;     /* NULL page = all slots empty */
+    uint32_t *vers;      /* vers[pi] = pages[pi]->version, in the same block: a write's
+                          * copy-on-write check would miss the cache on the page header */
 } cm_table;
 
 typedef struct { uint32_t *a; size_t n, cap; } cm_u32vec;
@@ -287,12 +289,14 @@ static inline void cm_grave(cm_map *m, PyObject *o) {
 static int cm_table_init(cm_table *t, uint32_t capacity) {
     uint32_t shift = 0;
     while ((1u << shift) < capacity && shift < CM_PAGE_MAX_BITS) shift++;
-    cm_page **pages = (cm_page **)PyMem_RawCalloc(capacity >> shift, sizeof(cm_page *));
+    uint32_t np = capacity >> shift;
+    cm_page **pages = (cm_page **)PyMem_RawCalloc(np, sizeof(cm_page *) + sizeof(uint32_t));
     if (!pages) { PyErr_NoMemory(); return -1; } /* t unchanged: a failed rehash start is not a rehash */
     t->capacity = capacity;
     t->page_shift = shift;
-    t->npages = capacity >> shift;
+    t->npages = np;
     t->pages = pages;
+    t->vers = (uint32_t *)(pages + np);
     return 0;
 }
 
@@ -334,12 +338,14 @@ static uint32_t *cm_slot_w(cm_map *m, cm_table *t, uint32_t b) {
         p = cm_page_alloc(m, t->page_shift, 1);
         if (!p) return NULL;
         t->pages[pi] = p;
-    } else if (CM_UNLIKELY(p->version < m->required)) {
+        t->vers[pi] = p->version;
+    } else if (CM_UNLIKELY(t->vers[pi] < m->required)) {
         cm_page *np = cm_page_alloc(m, t->page_shift, 0);
         if (!np) return NULL;
         memcpy(np->slots, p->slots, (size_t)n * sizeof(uint32_t));
         if (cm_retire_page(m, p) < 0) { cm_page_free(m, np); return NULL; }
         t->pages[pi] = np;
+        t->vers[pi] = np->version;
         p = np;
     }
     return &p->slots[b & (n - 1u)];
