@@ -473,9 +473,10 @@ static int cm_drop_old_page(cm_map *m, uint32_t pi) {
  * and each was a serial cache miss of the operation paying the step (a step
  * moves at least 4). Heads are requested CM_RH_AHEAD buckets ahead (about six
  * steps), each bucket once; a bucket CM_RH_CHASE ahead has its head in cache
- * by then, so the entry after it (three in ten at the load a rehash starts
- * at) is requested too. The new table's slots need no help: a chain
- * of old bucket b goes to new buckets b and b + capacity, two runs in order. */
+ * by then, so the entry after the head is requested too (at the load a rehash
+ * starts at, three entries in ten are past their chain's head). The new
+ * table's slots need no help: a chain of old bucket b goes to new buckets b
+ * and b + capacity, two runs in order. */
 #define CM_RH_AHEAD 32u
 #define CM_RH_CHASE 16u
 
