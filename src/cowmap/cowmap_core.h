@@ -665,7 +665,14 @@ typedef struct {
 } cm_loc;
 
 static inline int cm_locate(cm_map *m, const cm_probe *p, cm_loc *loc) {
-    if (m->rehash.capacity && cm_rehash_step(m) < 0) return -1;
+    if (m->rehash.capacity) {
+        /* the key's slot, requested before the step so the two overlap (a step
+         * rarely moves the key's own bucket: then the slot asked for is stale) */
+        const cm_table *t = cm_select(m, p->hash);
+        const cm_page *pg = t->pages[(p->hash & (t->capacity - 1u)) >> t->page_shift];
+        if (pg) CM_PREFETCH(&pg->slots[p->hash & (cm_page_slots(t) - 1u)]);
+        if (cm_rehash_step(m) < 0) return -1;
+    }
     loc->t = cm_select(m, p->hash);
     loc->found = cm_find(m, loc->t, p, &loc->idx, &loc->prev);
     return loc->found < 0 ? -1 : 0;
