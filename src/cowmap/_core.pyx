@@ -164,7 +164,7 @@ cdef class CopyOnWriteStateMap:
     without it states are treated as immutable.
 
     Complexity: single-key operations O(1) amortised (plus one rehash step of
-    >= 4 entries while rehashing); ``snapshot()`` O(capacity / 512).
+    >= 4 entries while rehashing); ``snapshot()`` O(capacity / 4096).
 
     Threading: single writer. Every method (``get`` included: it may run a
     rehash step or copy a shared state) must be called from one thread at a
@@ -374,7 +374,7 @@ cdef class CopyOnWriteStateMap:
         return _MapIterator(self)
 
     def snapshot(self):
-        """A consistent :class:`StateMapSnapshot` of this moment. O(capacity / 512)."""
+        """A consistent :class:`StateMapSnapshot` of this moment. O(capacity / 4096)."""
         cdef StateMapSnapshot s = StateMapSnapshot.__new__(StateMapSnapshot)
         cm_snapshot(&self.m, &s.s)
         s._map = self

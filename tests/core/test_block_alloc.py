@@ -140,7 +140,7 @@ def test_a_dropped_map_gives_its_memory_back_while_others_live() -> None:
     for line in out.strip().splitlines():
         grown, left, held, mapped_left = map(int, line.split())
         assert grown >= held * 0.9  # the map's memory was resident
-        # entry chunks (85% of held) go back at once; 2 KiB bucket pages only with their
+        # entry chunks (85% of held) go back at once; 16 KiB bucket pages only with their
         # region, and two regions stay: the live map's, and the one blocks are cut from
         assert left <= held * 0.5, (left, held)
         assert mapped_left <= 32 << 20
