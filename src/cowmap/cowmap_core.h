@@ -428,32 +428,22 @@ static uint32_t cm_entry_copy(cm_map *m, uint32_t i, PyObject *state) {
  * holds *until_state instead of until's state, and *until_state is set to NULL:
  * the caller owns it no more. */
 static uint32_t cm_chain_cow(cm_map *m, cm_table *t, uint32_t b, uint32_t until, PyObject **until_state) {
-    uint32_t *slot = cm_slot_w(m, t, b);
-    if (!slot) return 0;
-    uint32_t cur = *slot, copy;
+    uint32_t *link = cm_slot_w(m, t, b); /* the slot, then the next field of the last private entry */
+    if (!link) return 0;
     PyObject *st = until_state ? *until_state : NULL;
-    if (cm_ev(cm_E(m, cur)) < m->required) {
-        if (!(copy = cm_entry_copy(m, cur, cur == until ? st : NULL))) return 0;
-        if (cur == until && st) *until_state = NULL;
-        *slot = copy;
-        if (cm_retire_entry(m, cur) < 0) return 0;
-    } else {
-        copy = cur;
-    }
-    while (cur != until) {
-        cur = cm_E(m, cur)->next;
+    for (uint32_t cur = *link;; cur = *link) {
+        int last = cur == until;
         if (cm_ev(cm_E(m, cur)) < m->required) {
-            uint32_t c2 = cm_entry_copy(m, cur, cur == until ? st : NULL);
-            if (!c2) return 0;
-            if (cur == until && st) *until_state = NULL;
-            cm_E(m, copy)->next = c2;
-            copy = c2;
+            uint32_t copy = cm_entry_copy(m, cur, last ? st : NULL);
+            if (!copy) return 0;
+            if (last && st) *until_state = NULL;
+            *link = copy;
             if (cm_retire_entry(m, cur) < 0) return 0;
-        } else {
-            copy = cur;
+            cur = copy;
         }
+        if (last) return cur;
+        link = &cm_E(m, cur)->next;
     }
-    return copy;
 }
 
 /* ----------------------------------------------------------------- rehash */
@@ -546,6 +536,16 @@ static int cm_rehash_step(cm_map *m) {
 
 static inline cm_table *cm_select(cm_map *m, uint32_t hash) {
     return (hash & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
+}
+
+/* The bucket slot of hash h in the table a lookup would use now, or NULL when
+ * its page (or the table) does not exist: for prefetches and hints. */
+CM_ALWAYS_INLINE static inline const uint32_t *cm_slot_at(const cm_map *m, uint32_t h) {
+    const cm_table *t = cm_select((cm_map *)m, h);
+    if (!t->capacity) return NULL;
+    uint32_t b = h & (t->capacity - 1u);
+    const cm_page *pg = t->pages[b >> t->page_shift];
+    return pg ? &pg->slots[b & ((1u << t->page_shift) - 1u)] : NULL;
 }
 
 /* ------------------------------------------------------------------ probes */
@@ -676,9 +676,8 @@ static inline int cm_locate(cm_map *m, const cm_probe *p, cm_loc *loc) {
     if (m->rehash.capacity) {
         /* the key's slot, requested before the step so the two overlap (a step
          * rarely moves the key's own bucket: then the slot asked for is stale) */
-        const cm_table *t = cm_select(m, p->hash);
-        const cm_page *pg = t->pages[(p->hash & (t->capacity - 1u)) >> t->page_shift];
-        if (pg) CM_PREFETCH(&pg->slots[p->hash & (cm_page_slots(t) - 1u)]);
+        const uint32_t *slot = cm_slot_at(m, p->hash);
+        if (slot) CM_PREFETCH(slot);
         if (cm_rehash_step(m) < 0) return -1;
     }
     loc->t = cm_select(m, p->hash);
@@ -990,12 +989,8 @@ static inline int cm_hint_composite(PyObject *key, PyObject *ns, uint32_t *h) {
 CM_ALWAYS_INLINE static inline void cm_hint_at(const cm_map *m, uint32_t h, int stage) {
 #if defined(__GNUC__)
     if (m->busy) return;
-    const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
-    if (!t->capacity) return;
-    uint32_t b = h & (t->capacity - 1u);
-    const cm_page *pg = t->pages[b >> t->page_shift];
-    if (!pg) return;
-    const uint32_t *slot = &pg->slots[b & ((1u << t->page_shift) - 1u)];
+    const uint32_t *slot = cm_slot_at(m, h);
+    if (!slot) return;
     if (stage == 0) { CM_PREFETCH(slot); return; }
     uint32_t i = *slot;
     if (!i) return;
@@ -1060,8 +1055,8 @@ static inline uint32_t cm_pf_hash(const cm_keys *ks, Py_ssize_t i, Py_hash_t hn)
 }
 
 static inline uint32_t cm_pf_head(const cm_map *m, uint32_t h) {
-    const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
-    return cm_slot_get(t, h & (t->capacity - 1u));
+    const uint32_t *slot = cm_slot_at(m, h);
+    return slot ? *slot : 0u;
 }
 
 static inline void cm_pf_step(const cm_map *m, const cm_keys *ks, Py_ssize_t i, cm_pf *pf, int want_state) {
@@ -1069,10 +1064,8 @@ static inline void cm_pf_step(const cm_map *m, const cm_keys *ks, Py_ssize_t i, 
     if (j < ks->n) {
         uint32_t h = cm_pf_hash(ks, j, pf->hn);
         pf->h[j & (CM_PF_RING - 1u)] = h;
-        const cm_table *t = (h & (m->primary.capacity - 1u)) < m->rehash_index ? &m->rehash : &m->primary;
-        uint32_t b = h & (t->capacity - 1u);
-        const cm_page *pg = t->pages[b >> t->page_shift];
-        if (pg) CM_PREFETCH(&pg->slots[b & ((1u << t->page_shift) - 1u)]);
+        const uint32_t *slot = cm_slot_at(m, h);
+        if (slot) CM_PREFETCH(slot);
     }
     j = i + CM_PF_D / 2;
     if (j < ks->n) {
