@@ -64,6 +64,24 @@ def test_empty_batches() -> None:
     assert map_contents(m) == {(1, 0): 1}
 
 
+@pytest.mark.parametrize("capacity", [128, 1024])  # rehashing during the batches, or not
+@pytest.mark.parametrize("ns_a, ns_b", [(-1, -2), (5, 2**61 - 1 + 5)])
+def test_batches_tell_apart_namespaces_whose_hashes_collide(ns_a: Any, ns_b: Any, capacity: int) -> None:
+    """-1 and -2 (and 5 and 2**61 + 4) are distinct namespaces with one hash: the same key in
+    each is two entries with one bucket hash, told apart only by comparing the namespaces."""
+    m = CopyOnWriteStateMap(capacity=capacity)
+    keys = list(range(200))
+    m.put_many(keys, ns_a, [f"a{k}" for k in keys])
+    m.put_many(np.array(keys[::2], dtype=np.int64), ns_b, [f"b{k}" for k in keys[::2]])
+    for ks in (keys, np.array(keys, dtype=np.int64)):
+        assert m.get_many(ks, ns_a) == [f"a{k}" for k in keys]
+        assert m.get_many(ks, ns_b) == [f"b{k}" if k % 2 == 0 else None for k in keys]
+        assert m.contains_many(ks, ns_b).tolist() == [k % 2 == 0 for k in keys]
+    assert m.remove_many(np.array(keys, dtype=np.int64), ns_b) == 100
+    assert m.get_many(np.array(keys, dtype=np.int64), ns_a) == [f"a{k}" for k in keys]
+    assert len(m) == 200
+
+
 def test_put_many_equals_puts_in_order() -> None:
     m = CopyOnWriteStateMap(capacity=4)
     ref = CopyOnWriteStateMap(capacity=4)
