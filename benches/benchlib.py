@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
+import time
 from itertools import repeat
 from typing import Any
 
@@ -128,6 +130,25 @@ class Figures:
 
 
 FIGURES = Figures()
+
+
+class Interleaved:
+    """A comparison loop timed in a benchmark's (untimed) setup, so it runs between the
+    measured rounds: a ratio of the two is immune to the machine's load drifting over the
+    minutes between tests. ``before`` runs (untimed) before each timing."""
+
+    def __init__(self, loop: Any, before: Any = None) -> None:
+        self.loop, self.before, self.times = loop, before, []
+
+    def __call__(self) -> None:
+        if self.before is not None:
+            self.before()
+        t0 = time.perf_counter()
+        self.loop()
+        self.times.append(time.perf_counter() - t0)
+
+    def median(self) -> float:
+        return statistics.median(self.times[1:])  # the first one ran with the warm-up round
 
 
 @dataclasses.dataclass(frozen=True)

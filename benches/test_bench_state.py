@@ -58,7 +58,6 @@ Figure 11 -- ``KeyedStateBackend.snapshot()`` start, one ValueState of 1M keys (
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from datetime import timedelta
 
@@ -72,6 +71,7 @@ from benchlib import (
     MAP_SIZES,
     MAP_VS_VALUE_SIZE,
     SEED,
+    Interleaved,
     map_keys_for,
 )
 from cowmap.state import (
@@ -190,24 +190,6 @@ def _rounds_ms(benchmark) -> str:
     return ", ".join(f"{t * 1e3:.0f}" for t in benchmark.stats.stats.data)
 
 
-class _Interleaved:
-    """A comparison loop timed in the benchmark's (untimed) setup, so it runs between the
-    measured rounds: a ratio of the two is immune to the machine's load drifting over the
-    minutes between tests."""
-
-    def __init__(self, clock: Clock, loop) -> None:
-        self.clock, self.loop, self.times = clock, loop, []
-
-    def __call__(self) -> None:
-        self.clock.tick()
-        t0 = time.perf_counter()
-        self.loop()
-        self.times.append(time.perf_counter() - t0)
-
-    def median(self) -> float:
-        return statistics.median(self.times[1:])  # the first one ran with the warm-up round
-
-
 def _measure_map(benchmark, figures, key: str, n_keys: int, size: int, base=None) -> None:
     """Figure ``key`` on a fresh MapState; with ``base`` (a ``_MapBase``) also the base map's
     figure, interleaved round by round, as ``key + ".base"``."""
@@ -218,7 +200,7 @@ def _measure_map(benchmark, figures, key: str, n_keys: int, size: int, base=None
     backend.set_current_key(k)
     assert ms.get(u) == u  # probes hit
     loop = _map_loop(backend, ms, pairs)
-    other = _Interleaved(base.clock, base.loop) if base is not None else None
+    other = Interleaved(base.loop, before=base.clock.tick) if base is not None else None
 
     def setup(clock=clock, other=other):
         clock.tick()
@@ -392,7 +374,7 @@ def test_value_state_plain(benchmark, figures, small, value_plain):
 
 def _measure_ttl_vs_plain(benchmark, figures, key: str, vb: _ValueBench, plain: _ValueBench, records) -> None:
     """Figure 9's ratio: a no-TTL round between the TTL rounds, so drifting load hits both sides."""
-    other = _Interleaved(plain.clock, _value_loop(plain, records))
+    other = Interleaved(_value_loop(plain, records), before=plain.clock.tick)
 
     def setup(clock=vb.clock, other=other):
         clock.tick()
