@@ -230,13 +230,15 @@ static inline uint32_t cm_fold(Py_hash_t h) {
     return (uint32_t)(u ^ (u >> 32));
 }
 
-/* Flink hashes bitMix(key.hashCode() ^ ns.hashCode()); mixing the namespace
- * first keeps that exact result for namespace 0 (so rehash points match
- * Flink's) while (k, k) pairs no longer collapse into one bucket. */
+/* The bucket hash of a key hash and a mixed namespace hash (31 bits). */
 static inline uint32_t cm_mix(Py_hash_t hk, uint32_t nsmix) {
     return cm_fmix32(cm_fold(hk) ^ nsmix) & CM_HMASK;
 }
 
+/* Flink hashes bitMix(key.hashCode() ^ ns.hashCode()); mixing the namespace
+ * first keeps that exact result for namespace 0 but for the top bit (so the
+ * buckets, and rehash points, match Flink's) while (k, k) pairs no longer
+ * collapse into one bucket. */
 static inline uint32_t cm_composite(Py_hash_t hk, Py_hash_t hn) {
     return cm_mix(hk, cm_fmix32(cm_fold(hn)));
 }
