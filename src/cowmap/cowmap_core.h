@@ -644,24 +644,29 @@ static int cm_key_eq(const cm_entry *e, const cm_probe *p) {
     return r;
 }
 
+/* Whether entry e is probe p's: 1 yes, 0 no, -1 error. An int probe finds an
+ * int-key entry with a single compare of hash | flag; other keys and unequal
+ * namespace objects are compared by Python's ==. */
+CM_ALWAYS_INLINE static inline int cm_match(const cm_entry *e, const cm_probe *p) {
+    int r;
+    if (p->is_int && e->hash == (p->hash | CM_F_INTKEY)) r = e->key.i == p->ikey;
+    else if (!cm_hash_is(e, p->hash)) return 0;
+    else if ((r = cm_key_eq(e, p)) <= 0) return r;
+    if (r && e->ns != p->ns) r = PyObject_RichCompareBool(e->ns, p->ns, Py_EQ);
+    return r;
+}
+
 /* 1 found (idx, prev set), 0 absent, -1 error. */
 static inline int cm_find(const cm_map *m, const cm_table *t, const cm_probe *p, uint32_t *idx, uint32_t *prev) {
     uint32_t i = cm_slot_get(t, p->hash & (t->capacity - 1u)), pr = 0;
     while (i) {
         const cm_entry *e = cm_E(m, i);
         CM_PREFETCH_W(e->state); /* a hit will INCREF it: overlap that miss with the compare */
-        if (cm_hash_is(e, p->hash)) {
-            int r;
-            if (p->is_int && cm_intkey(e)) r = e->key.i == p->ikey;
-            else if ((r = cm_key_eq(e, p)) < 0) return -1;
-            if (r) {
-                if (e->ns != p->ns && (r = PyObject_RichCompareBool(e->ns, p->ns, Py_EQ)) <= 0) {
-                    if (r < 0) return -1;
-                } else {
-                    *idx = i; *prev = pr;
-                    return 1;
-                }
-            }
+        int r = cm_match(e, p);
+        if (r) {
+            if (r < 0) return -1;
+            *idx = i; *prev = pr;
+            return 1;
         }
         pr = i;
         i = e->next;
@@ -1271,11 +1276,8 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
         p.ikey = k; p.hash = h;
         for (; e; e = cm_E(m, e)->next) {
             cm_entry *x = cm_E(m, e);
-            int r;
-            if (CM_LIKELY(x->hash == (h | CM_F_INTKEY))) r = x->key.i == k;
-            else if (!cm_hash_is(x, h)) continue;
-            else if ((r = cm_key_eq(x, &p)) < 0) return -1;
-            if (r && x->ns != bt->ns && (r = PyObject_RichCompareBool(x->ns, bt->ns, Py_EQ)) < 0) return -1;
+            int r = cm_match(x, &p);
+            if (r < 0) return -1;
             if (r) { hit = x; break; }
         }
         /* read the state after the lookup (which may run Python code) and
@@ -1375,15 +1377,10 @@ static Py_ssize_t cm_batch_read_run(cm_map *m, const cm_keys *ks, const cm_batch
         if (j < start) continue;
         const cm_rkey *r = &ring[j & (CM_FR - 1u)];
         const cm_entry *hit = NULL;
+        p.ikey = r->k; p.hash = r->h;
         for (const cm_entry *x = r->head; x; x = x->next ? cm_E(m, x->next) : NULL) {
-            int eq;
-            if (CM_LIKELY(x->hash == (r->h | CM_F_INTKEY))) eq = x->key.i == r->k;
-            else if (!cm_hash_is(x, r->h)) continue;
-            else {
-                p.ikey = r->k; p.hash = r->h;
-                if ((eq = cm_key_eq(x, &p)) < 0) return -1;
-            }
-            if (eq && x->ns != ns && (eq = PyObject_RichCompareBool(x->ns, ns, Py_EQ)) < 0) return -1;
+            int eq = cm_match(x, &p);
+            if (eq < 0) return -1;
             if (eq) { hit = x; break; }
         }
         if (get) PyList_SET_ITEM(bt->out_list, j, hit ? hit->state : Py_None);
