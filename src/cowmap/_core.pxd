@@ -98,3 +98,39 @@ cdef extern from "hugealloc.h":
     size_t cm_ha_mapped()
     size_t cm_ha_spare()
     int cm_ha_huge_pages()
+
+
+cdef extern from "flatmap.h":
+    ctypedef struct cm_entry:
+        pass
+
+    ctypedef struct fm_map:
+        PyObject *copier
+        uint32_t size
+        uint32_t version
+        uint32_t required
+        uint32_t gdepth
+        uint64_t mod_count
+
+    ctypedef struct fm_snap:
+        uint32_t version
+        uint32_t size
+
+    int fm_init(fm_map *m, uint32_t max_shift) except -1
+    void fm_dealloc(fm_map *m)
+    int fm_put(fm_map *m, object key, object ns, object state, int64_t ts) except -1
+    PyObject *fm_get(fm_map *m, object key, object ns, int *found)
+    PyObject *fm_get_unexpired(fm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh,
+                               object expired, int *found)
+    int fm_contains(fm_map *m, object key, object ns) except -1
+    int fm_timestamp(fm_map *m, object key, object ns, int64_t *ts) except -1
+    int fm_replace(fm_map *m, object key, object ns, object state, int64_t ts) except -1
+    void fm_hint_at(const fm_map *m, uint32_t h, int stage)
+    int fm_remove(fm_map *m, object key, object ns, PyObject **old) except -1
+    Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) except -1
+    void fm_prefetch(const fm_map *m, uint32_t h)
+    int fm_snapshot(fm_map *m, fm_snap *s) except -1
+    void fm_release(fm_map *m, fm_snap *s)
+    const cm_entry *fm_snap_next(const fm_snap *s, uint32_t *j, uint32_t *i)
+    uint32_t FM_MAX_SHIFT_DEFAULT
+    uint32_t FM_MIN_SHIFT

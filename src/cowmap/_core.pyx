@@ -622,6 +622,11 @@ cdef class StateIncrementalVisitor:
         self._map.put(key, namespace, state)
 
 
+# ------------------------------------------------------------ the flat map
+
+include "_flat.pxi"
+
+
 # ------------------------------------------------------------ multi-map batches
 
 
@@ -639,8 +644,9 @@ cdef enum:
 
 
 cdef struct _Hint:
-    PyObject *map  # a reference to the item's CopyOnWriteStateMap, or NULL: no hint
+    PyObject *map  # a reference to the item's CopyOnWriteStateMap or FlatStateMap, or NULL: no hint
     uint32_t hash  # the item's composite hash
+    bint flat  # map is a FlatStateMap
 
 
 cdef inline void _hint_resolve(list maps, list kgs, list keys, list namespaces, Py_ssize_t j, _Hint *h) noexcept:
@@ -661,18 +667,23 @@ cdef inline void _hint_resolve(list maps, list kgs, list keys, list namespaces, 
     if overflow or kg < 0 or kg >= _list_size(<PyObject *>maps):
         return
     o = _list_item(<PyObject *>maps, <Py_ssize_t>kg)
-    if <void *>(o.ob_type) != <void *>CopyOnWriteStateMap:
+    h.flat = <void *>(o.ob_type) == <void *>FlatStateMap
+    if <void *>(o.ob_type) != <void *>CopyOnWriteStateMap and not h.flat:
         return
     if not cm_hint_composite(_list_item(<PyObject *>keys, j), _list_item(<PyObject *>namespaces, j), &hash):
         return
     Py_INCREF(<object>o)  # held until its last stage: the lists may drop the map meanwhile
     h.map = o
     h.hash = hash
-    cm_hint_at(&(<CopyOnWriteStateMap>o).m, hash, 0)
+    _hint_stage(h, 0)
 
 
 cdef inline void _hint_stage(_Hint *h, int stage) noexcept:
-    if h.map != NULL:
+    if h.map == NULL:
+        return
+    if h.flat:
+        fm_hint_at(&(<FlatStateMap>h.map).m, h.hash, stage)
+    else:
         cm_hint_at(&(<CopyOnWriteStateMap>h.map).m, h.hash, stage)
 
 
@@ -735,6 +746,8 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
     cdef Py_ssize_t n = len(keys), i
     cdef list out = [None] * n if op == _MULTI_GET else [False] * n if op == _MULTI_REPLACE else None
     cdef CopyOnWriteStateMap cm
+    cdef FlatStateMap fm
+    cdef int found
     cdef _Hint ring[HINT_RING]
     _hints_start(ring, maps, kgs, keys, namespaces, n)
     try:
@@ -742,6 +755,18 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
             _hints(ring, maps, kgs, keys, namespaces, i, n)
             m = maps[kgs[i]]
             if m is None and op != _MULTI_PUT:  # a missing map reads as absent (a put needs it)
+                continue
+            if type(m) is FlatStateMap:
+                fm = <FlatStateMap>m
+                if op == _MULTI_GET:
+                    if ttl > 0:
+                        out[i] = _take(fm_get_unexpired(&fm.m, keys[i], namespaces[i], t, ttl, refresh, EXPIRED, &found))
+                    else:
+                        out[i] = _take(fm_get(&fm.m, keys[i], namespaces[i], &found))
+                elif op == _MULTI_PUT:
+                    fm_put(&fm.m, keys[i], namespaces[i], states[i], t)
+                elif fm_replace(&fm.m, keys[i], namespaces[i], states[i], t) == 1:
+                    out[i] = True
                 continue
             cm = <CopyOnWriteStateMap?>m
             if op == _MULTI_GET:

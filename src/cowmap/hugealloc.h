@@ -295,7 +295,12 @@ static void *cm_ha_alloc(size_t size, int zero) {
     return p;
 }
 
-static void cm_ha_free(void *p, size_t size) {
+/* Frees a block; with give_back, a big one's OS pages go back at once (see
+ * CM_HA_GIVE_BACK). Blocks that are freed and allocated again all the time
+ * (the flat map's segments as it grows) are freed without: giving pages back
+ * splits the huge pages they lie on, and they would fault in again as 4 KiB
+ * pages. */
+static void cm_ha_free_ex(void *p, size_t size, int give_back) {
     if (!p) return;
     int c = cm_ha_class(size, 0);
     if (c < 0) { PyMem_RawFree(p); return; }
@@ -307,7 +312,7 @@ static void cm_ha_free(void *p, size_t size) {
         cm_ha_drop_region(r); /* not the bump region: no block of it is wanted */
         return;
     }
-    if (size >= CM_HA_GIVE_BACK) {
+    if (give_back && size >= CM_HA_GIVE_BACK) {
         /* keep the node's page; give the rest of the block back now */
         uintptr_t pg = cm_ha.page;
         uintptr_t lo = ((uintptr_t)p + sizeof(cm_ha_node) + pg - 1) & ~(pg - 1);
@@ -326,6 +331,8 @@ static void cm_ha_free(void *p, size_t size) {
     r->free = n;
 #endif
 }
+
+static void cm_ha_free(void *p, size_t size) { cm_ha_free_ex(p, size, 1); }
 
 /* Bytes mapped for blocks (for tests and diagnostics); a spare region ready
  * in advance is not counted. */

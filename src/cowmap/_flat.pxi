@@ -1,0 +1,250 @@
+# FlatStateMap (flatmap.h): included by _core.pyx, so that it shares the core's
+# key hashing, entry layout and block allocator.
+
+cdef extern from "Python.h":
+    PyObject *_err_occurred "PyErr_Occurred"()
+    void _decref "Py_DECREF"(PyObject *o)
+
+
+cdef int _propagate() except -1:
+    return -1  # a C call below returned NULL with an exception set: raise it
+
+
+cdef inline object _take(PyObject *r):
+    """A new reference from C as an object; None for NULL without an error."""
+    if r == NULL:
+        if _err_occurred() != NULL:
+            _propagate()
+        return None
+    o = <object>r
+    _decref(r)
+    return o
+
+
+cdef class FlatStateMap:
+    """A map keyed by ``(key, namespace)`` like :class:`CopyOnWriteStateMap`,
+    with its entries inline in an open-addressed table: a lookup in a map far
+    bigger than the CPU caches costs one cache miss, not two (slot, then
+    entry). Made for MapState's user entries, read one key at a time.
+
+    Snapshots are O(number of segments) to take and copy on write per page of
+    256 entries; the map grows a segment at a time (a segment doubles up to
+    ``2**max_shift`` slots, then splits in two), so no resize touches more
+    than one segment. States, copier, timestamps and TTL sweeps behave as in
+    :class:`CopyOnWriteStateMap`; there is no Flink rehash schedule to match.
+
+    >>> m = FlatStateMap()
+    >>> m.put("user-1", "window-0", 3)
+    True
+    >>> with m.snapshot() as s:
+    ...     m.put("user-1", "window-0", 4)
+    ...     sorted(s)
+    False
+    [('user-1', 'window-0', 3)]
+    """
+    cdef fm_map m
+    cdef object _copier
+    cdef bint _ready
+
+    def __cinit__(self, copier=None, max_shift=None):
+        self._ready = False
+        if copier is not None and not callable(copier):
+            raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
+        cdef uint32_t shift = FM_MAX_SHIFT_DEFAULT
+        if max_shift is not None:
+            if type(max_shift) is not int:
+                raise TypeError(f"max_shift must be an int, not {type(max_shift).__name__}")
+            if not FM_MIN_SHIFT <= max_shift <= 20:
+                raise ValueError(f"max_shift must be in [{FM_MIN_SHIFT}, 20], got {max_shift}")
+            shift = max_shift
+        fm_init(&self.m, shift)
+        self._ready = True
+        self._copier = copier  # see CopyOnWriteStateMap.__cinit__: the struct borrows it
+        if copier is not None:
+            self.m.copier = <PyObject *>copier
+
+    def __dealloc__(self):
+        self.m.copier = NULL
+        if self._ready:
+            fm_dealloc(&self.m)
+
+    def __len__(self):
+        return self.m.size
+
+    @property
+    def version(self):
+        """The version the next snapshot will take."""
+        return self.m.version
+
+    @property
+    def is_rehashing(self):
+        """Always False: segments grow whole, one at a time."""
+        return False
+
+    @property
+    def segments_depth(self):
+        """log2 of the directory size (for tests)."""
+        return self.m.gdepth
+
+    def put(self, key, namespace, state, ts=NO_TIMESTAMP):
+        """Map ``(key, namespace)`` to ``state`` with timestamp ``ts``; True
+        when the key was not mapped before."""
+        return fm_put(&self.m, key, namespace, state, _as_time(ts)) == 1
+
+    def get(self, key, namespace):
+        """The state of ``(key, namespace)`` or None (copied first if it is
+        shared with a snapshot and a copier is set)."""
+        cdef int found
+        return _take(fm_get(&self.m, key, namespace, &found))
+
+    def get_unexpired(self, key, namespace, now, ttl, refresh=False):
+        """As :meth:`CopyOnWriteStateMap.get_unexpired`: the state if live at
+        ``now``, with its timestamp set to ``now`` when ``refresh``; None when
+        absent; :data:`EXPIRED` when expired (left in place)."""
+        cdef int found
+        cdef uint32_t h
+        if type(now) is not int and now is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>namespace, &h):
+            fm_prefetch(&self.m, h)  # the entry's miss overlaps the time provider's call
+        cdef int64_t t = _as_time(now, "now")
+        return _take(fm_get_unexpired(&self.m, key, namespace, t, _as_ts(ttl, "ttl"),
+                                      1 if refresh else 0, EXPIRED, &found))
+
+    def contains_key(self, key, namespace):
+        """True if ``(key, namespace)`` is mapped (also when its state is None)."""
+        return fm_contains(&self.m, key, namespace) == 1
+
+    def timestamp(self, key, namespace):
+        """The timestamp of ``(key, namespace)``, or None when absent."""
+        cdef int64_t ts
+        if fm_timestamp(&self.m, key, namespace, &ts) == 1:
+            return ts
+        return None
+
+    def remove(self, key, namespace):
+        """Remove ``(key, namespace)``; True if it was mapped."""
+        return fm_remove(&self.m, key, namespace, NULL) == 1
+
+    def remove_and_get_old(self, key, namespace):
+        """Remove ``(key, namespace)`` and return its state (None if absent)."""
+        cdef PyObject *old = NULL
+        if fm_remove(&self.m, key, namespace, &old) == 1:
+            return _take(old)
+        return None
+
+    def prefetch(self, key, namespace):
+        """A hint that ``(key, namespace)`` is accessed soon: its slot starts
+        loading. Changes nothing and raises nothing."""
+        cdef uint32_t h
+        if cm_hint_composite(<PyObject *>key, <PyObject *>namespace, &h):
+            fm_prefetch(&self.m, h)
+
+    def sweep_expired(self, now, ttl, max_entries=5, removed=None):
+        """Remove entries with ``ts + ttl <= now`` (saturating), examining about
+        ``max_entries`` entries from where the last call stopped
+        (``None``: one full pass). Returns how many were removed; with a list
+        ``removed``, each goes to it as ``(key, namespace, state)``."""
+        cdef Py_ssize_t n = -1
+        if max_entries is not None:
+            n = max_entries
+            if n < 0:
+                raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
+        if removed is not None and type(removed) is not list:
+            raise TypeError(f"removed must be a list or None, not {type(removed).__name__}")
+        return fm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n,
+                        <PyObject *>removed if removed is not None else NULL)
+
+    def snapshot(self):
+        """A :class:`FlatMapSnapshot` of the map as it is now."""
+        cdef FlatMapSnapshot s = FlatMapSnapshot.__new__(FlatMapSnapshot)
+        fm_snapshot(&self.m, &s.s)
+        s._map = self
+        s._released = False
+        return s
+
+    def __iter__(self):
+        """``(key, namespace, state)`` of every entry, from a snapshot taken now."""
+        with self.snapshot() as s:
+            return iter(list(s))
+
+    def __repr__(self):
+        return f"<FlatStateMap len={self.m.size}>"
+
+
+cdef class FlatMapSnapshot:
+    """A consistent, read-only view of a :class:`FlatStateMap`, as
+    :class:`StateMapSnapshot` is of a :class:`CopyOnWriteStateMap`."""
+    cdef FlatStateMap _map
+    cdef fm_snap s
+    cdef bint _released
+
+    def __cinit__(self):
+        self._released = True
+
+    def __dealloc__(self):
+        if not self._released and self._map is not None:
+            self._released = True
+            fm_release(&self._map.m, &self.s)
+
+    cdef int _check(self) except -1:
+        if self._released:
+            raise RuntimeError(f"snapshot version {self.s.version} has been released")
+        return 0
+
+    @property
+    def version(self):
+        return self.s.version
+
+    @property
+    def released(self):
+        return self._released
+
+    def __len__(self):
+        self._check()
+        return self.s.size
+
+    def __iter__(self):
+        self._check()
+        return _FlatSnapshotIterator(self, False)
+
+    def iter_with_timestamps(self):
+        """Iterate ``(key, namespace, state, ts)``."""
+        self._check()
+        return _FlatSnapshotIterator(self, True)
+
+    def release(self):
+        """Release this snapshot (idempotent)."""
+        if not self._released:
+            self._released = True
+            fm_release(&self._map.m, &self.s)
+
+    def __enter__(self):
+        self._check()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        state = "released" if self._released else f"len={self.s.size}"
+        return f"<FlatMapSnapshot version={self.s.version} {state}>"
+
+
+@cython.final
+cdef class _FlatSnapshotIterator:
+    cdef FlatMapSnapshot snap
+    cdef uint32_t j, i
+    cdef int with_ts
+
+    def __cinit__(self, FlatMapSnapshot snap, bint with_ts):
+        self.snap = snap
+        self.with_ts = with_ts
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.snap._check()
+        cdef const cm_entry *e = fm_snap_next(&self.snap.s, &self.j, &self.i)
+        if e == NULL:
+            raise StopIteration
+        return cm_entry_tuple(<const void *>e, self.with_ts)
