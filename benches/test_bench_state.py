@@ -15,8 +15,8 @@ Figure 7 -- MapState ``get`` / ``put`` with TTL, by entries per key (1, 10, 100,
     filled with one ``put_all`` per key. ``K`` is 5000, except that the total is capped: by
     default at 5,000,000 entries, so 10,000 entries/key runs with 500 keys (1000/key with the full
     5000); with ``COWMAP_BENCH_FULL=1`` the cap is 50,000,000 and every size has 5000 keys (the
-    50M-entry map took +7.1 GiB RSS, ~152 B/entry, and 142 s to fill on the 2-core dev box, so
-    figure 7 alone runs ~3.5 min; skipped if the RAM is not available).
+    50M-entry map took +10.0 GiB RSS, ~215 B/entry, and 85 s to fill on the 2-core dev box, so
+    figure 7 alone runs ~3 min; skipped if the RAM is not available).
     One access = ``set_current_key(k)`` + ``get(u)`` or ``put(u, u)`` on an existing user key,
     (k, u) uniform at random, gets and puts alternating; 100,000 accesses per round, 7 rounds.
     Figure: ns per access (set_current_key included); rows: ratio to the 1-entry/key figure,
@@ -86,7 +86,7 @@ MAP_PAIRS = 50_000  # get + put: 100,000 accesses per round
 VALUE_RECORDS = 200_000
 SNAP_ROUNDS = 20
 TTL = timedelta(hours=1)
-#: Bytes per MapState entry assumed when checking free RAM before a build (measured ~152 RSS).
+#: Bytes per MapState entry assumed when checking free RAM before a build (measured ~215 RSS).
 MAP_BYTES_PER_ENTRY = 250
 
 MAP_GROUP = "7. MapState TTL get/put by entries/key (100k accesses/round: ms/round x 10 = ns/access)"

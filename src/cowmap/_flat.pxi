@@ -21,6 +21,17 @@ cdef inline object _take(PyObject *r):
     return o
 
 
+cdef inline int64_t _flat_time_for(fm_map *m, object key, object ns, object t, str what="ts") except? -1:
+    """``_as_time`` for a single-key call on ``m``: the key's slot starts loading
+    before a time provider (a Python call) runs, so that the two overlap."""
+    cdef uint32_t h
+    if type(t) is int:
+        return t
+    if t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, &h):
+        fm_prefetch(m, h)
+    return _as_time(t, what)
+
+
 cdef class FlatStateMap:
     """A map keyed by ``(key, namespace)`` like :class:`CopyOnWriteStateMap`,
     with its entries inline in an open-addressed table: a lookup in a map far
@@ -89,7 +100,7 @@ cdef class FlatStateMap:
     def put(self, key, namespace, state, ts=NO_TIMESTAMP):
         """Map ``(key, namespace)`` to ``state`` with timestamp ``ts``; True
         when the key was not mapped before."""
-        return fm_put(&self.m, key, namespace, state, _as_time(ts)) == 1
+        return fm_put(&self.m, key, namespace, state, _flat_time_for(&self.m, key, namespace, ts)) == 1
 
     def get(self, key, namespace):
         """The state of ``(key, namespace)`` or None (copied first if it is
@@ -102,10 +113,7 @@ cdef class FlatStateMap:
         ``now``, with its timestamp set to ``now`` when ``refresh``; None when
         absent; :data:`EXPIRED` when expired (left in place)."""
         cdef int found
-        cdef uint32_t h
-        if type(now) is not int and now is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>namespace, &h):
-            fm_prefetch(&self.m, h)  # the entry's miss overlaps the time provider's call
-        cdef int64_t t = _as_time(now, "now")
+        cdef int64_t t = _flat_time_for(&self.m, key, namespace, now, "now")
         return _take(fm_get_unexpired(&self.m, key, namespace, t, _as_ts(ttl, "ttl"),
                                       1 if refresh else 0, EXPIRED, &found))
 
