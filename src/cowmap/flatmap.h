@@ -401,6 +401,15 @@ static PyObject *fm_read_state(fm_map *m, fm_seg *s, uint32_t i) {
 
 /* ------------------------------------------------------------- operations */
 
+/* Overwrites the state (borrowed) and ts of a live entry already made writable. */
+static inline void fm_set_state(fm_map *m, cm_entry *e, PyObject *state, int64_t ts) {
+    Py_INCREF(state);
+    fm_grave(m, e->state);
+    e->state = state;
+    e->sv = m->version;
+    e->ts = ts;
+}
+
 /* 1 added, 0 overwritten, -1 error. `state` borrowed. */
 static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
     cm_probe p;
@@ -411,12 +420,7 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
     int r = fm_find(d, &p, &i);
     if (r >= 0 && fm_touch(m, s, i) < 0) r = -1;
     if (r == 1) {
-        cm_entry *e = &s->e[i];
-        Py_INCREF(state);
-        fm_grave(m, e->state);
-        e->state = state;
-        e->sv = m->version;
-        e->ts = ts;
+        fm_set_state(m, &s->e[i], state, ts);
         r = 0;
     } else if (r == 0 && s->count + 2u > fm_cap(s)) {
         PyErr_NoMemory(); /* only when growing failed before: keep a slot empty for probes */
@@ -539,14 +543,7 @@ static int fm_replace(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, i
     if (r < 0) return r;
     if (r == 1) {
         if (fm_touch(m, s, i) < 0) r = -1;
-        else {
-            cm_entry *e = &s->e[i];
-            Py_INCREF(state);
-            fm_grave(m, e->state);
-            e->state = state;
-            e->sv = m->version;
-            e->ts = ts;
-        }
+        else fm_set_state(m, &s->e[i], state, ts);
     }
     fm_leave(m);
     return r;

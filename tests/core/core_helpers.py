@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Iterable
 
+from hypothesis import strategies as st
+
 from cowmap import CopyOnWriteStateMap, StateMapSnapshot
 
 # Flink's rehash rule: a table of capacity c starts an incremental rehash on the put that
@@ -36,6 +38,28 @@ class CountingCopier:
         result = self.fn(state)
         self.copied.append((state, result))
         return result
+
+
+class ListStates:
+    """State-machine hooks for list states with a copier: the map's states are lists that
+    user code mutates in place, compared (and kept in the model) as tuples. Mixed in ahead
+    of a machine that calls ``make_copier``/``new_state``/``norm``/``scribble``."""
+
+    STATES = st.one_of(st.none(), st.lists(st.integers(0, 9), max_size=3))
+
+    def make_copier(self):
+        self.copier = CountingCopier(lambda s: None if s is None else list(s))
+        return self.copier
+
+    def new_state(self, drawn):
+        return None if drawn is None else list(drawn)
+
+    def norm(self, state):
+        return None if state is None else tuple(state)
+
+    def scribble(self, old_state):
+        if old_state is not None:
+            old_state.append("scribbled")  # must not reach the map or any snapshot
 
 
 def as_dict(entries: Iterable[tuple[Any, ...]]) -> dict[tuple[Any, Any], Any]:

@@ -20,7 +20,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from cowmap import NO_TIMESTAMP
 from cowmap._core import EXPIRED, FlatStateMap
-from core_helpers import CountingCopier, as_dict
+from core_helpers import CountingCopier, ListStates, as_dict
 from test_map_statemachine import INT64_MAX, INT64_MIN, KEYS, NAMESPACES, NOWS, OPT_TS, TTLS, SnapRecord, is_expired
 
 
@@ -164,24 +164,8 @@ class FlatMachine(RuleBasedStateMachine):
             rec.snapshot.release()
 
 
-class FlatCopierMachine(FlatMachine):
+class FlatCopierMachine(ListStates, FlatMachine):
     """List states with a copier, mutated in place where user code may: snapshots never see it."""
-
-    STATES = st.one_of(st.none(), st.lists(st.integers(0, 9), max_size=3))
-
-    def make_copier(self):
-        self.copier = CountingCopier(lambda s: None if s is None else list(s))
-        return self.copier
-
-    def new_state(self, drawn):
-        return None if drawn is None else list(drawn)
-
-    def norm(self, state):
-        return None if state is None else tuple(state)
-
-    def scribble(self, old_state):
-        if old_state is not None:
-            old_state.append("scribbled")
 
     @rule(key=KEYS, ns=NAMESPACES, value=st.integers(0, 9))
     def get_and_mutate(self, key, ns, value) -> None:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
-from core_helpers import CountingCopier, as_dict
+from core_helpers import ListStates, as_dict
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -412,20 +412,8 @@ class PlainStateMachine(RuleBasedStateMachine):
             rec.snapshot.release()
 
 
-class CopierStateMachine(PlainStateMachine):
+class CopierStateMachine(ListStates, PlainStateMachine):
     """List states with a copier; states are mutated in place wherever user code may do so."""
-
-    STATES = st.one_of(st.none(), st.lists(st.integers(0, 9), max_size=3))
-
-    def make_copier(self):
-        self.copier = CountingCopier(lambda s: None if s is None else list(s))
-        return self.copier
-
-    def new_state(self, drawn):
-        return None if drawn is None else list(drawn)
-
-    def norm(self, state):
-        return None if state is None else tuple(state)
 
     def transform_fn(self, old, value):
         # Flink's test transformation: append in place and hand back the same list
@@ -436,10 +424,6 @@ class CopierStateMachine(PlainStateMachine):
 
     def expected_transform(self, old_norm, value):
         return (old_norm or ()) + (value,)
-
-    def scribble(self, old_state):
-        if old_state is not None:
-            old_state.append("scribbled")  # must not reach the map or any snapshot
 
     @rule(key=KEYS, ns=NAMESPACES, value=st.integers(0, 9))
     def get_and_mutate(self, key, ns, value) -> None:
