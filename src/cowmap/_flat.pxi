@@ -32,6 +32,8 @@ cdef inline int64_t _flat_time_for(fm_map *m, object key, object ns, object t, s
     return _as_time(t, what)
 
 
+@cython.final
+@cython.no_gc_clear  # the struct borrows _copier; a snapshot must still release into its map
 cdef class FlatStateMap:
     """A map keyed by ``(key, namespace)`` like :class:`CopyOnWriteStateMap`,
     with its entries inline in an open-addressed table: a lookup in a map far
@@ -43,6 +45,10 @@ cdef class FlatStateMap:
     ``2**max_shift`` slots, then splits in two), so no resize touches more
     than one segment. States, copier, timestamps and TTL sweeps behave as in
     :class:`CopyOnWriteStateMap`; there is no Flink rehash schedule to match.
+
+    Threading and re-entrancy as for :class:`CopyOnWriteStateMap`: one writer;
+    a snapshot may be read from another thread; a key's ``__eq__``/``__hash__``
+    or a copier that calls back into the map raises ``RuntimeError``.
 
     >>> m = FlatStateMap()
     >>> m.put("user-1", "window-0", 3)
@@ -178,6 +184,8 @@ cdef class FlatStateMap:
         return f"<FlatStateMap len={self.m.size}>"
 
 
+@cython.final
+@cython.no_gc_clear  # __dealloc__ releases into _map, so the collector must not clear it first
 cdef class FlatMapSnapshot:
     """A consistent, read-only view of a :class:`FlatStateMap`, as
     :class:`StateMapSnapshot` is of a :class:`CopyOnWriteStateMap`."""

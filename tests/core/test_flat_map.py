@@ -353,3 +353,33 @@ def test_keys_with_one_hash_grow_the_segment_not_the_directory():
         m.put(k, 0, k.i)
     assert m.segments_depth == 0  # no split could help: the one segment doubled
     assert [m.get(k, 0) for k in keys] == list(range(300))
+
+
+def test_a_copier_cycle_with_a_live_snapshot_is_collected():
+    """Map -> copier (a bound method) -> owner -> map and snapshot: the collector frees it
+    all, the snapshot releasing into its map first."""
+    import weakref
+
+    class Owner:
+        def __init__(self) -> None:
+            self.m = FlatStateMap(copier=self.copy, max_shift=3)
+            self.snap = None
+
+        def copy(self, v):
+            return list(v)
+
+    states = [[i] for i in range(100)]
+    before = [sys.getrefcount(s) for s in states]
+    for _ in range(20):
+        o = Owner()
+        for i, state in enumerate(states):
+            o.m.put(i, 0, state)
+        del state
+        o.snap = o.m.snapshot()
+        o.m.put(3, 0, [9])  # a page saved for the snapshot
+        assert o.m.get(5, 0) == [5]
+        ref = weakref.ref(o)
+        del o
+        gc.collect()
+        assert ref() is None
+    assert [sys.getrefcount(s) for s in states] == before
