@@ -62,16 +62,17 @@ typedef struct {
     cm_entry *e;       /* a slot is empty when its state is NULL */
 } fm_seg;
 
-/* A directory slot: what a lookup needs of its segment, so that finding the
- * key's slot reads no segment header (a cache miss of its own in a big map). */
-typedef struct {
-    cm_entry *e;
-    uint32_t mask;     /* slots - 1 */
-    fm_seg *seg;
-} fm_dent;
+/* A directory slot: what a lookup needs of its segment in 8 bytes, its entry
+ * array's address with log2 of its slot count in the top bits (user-space
+ * addresses stay below 2^58; fm_seg_new checks), so that finding the key's slot
+ * reads no segment header and the directory stays small for the caches: a
+ * 50M-entry MapState has ~16,000 slots over its 128 maps. */
+typedef uint64_t fm_dent;
+#define FM_DENT_SHIFT 58u
 
 typedef struct {
     fm_dent *dir;      /* 1 << gdepth slots; a segment of depth d fills 2^(gdepth-d) in a row */
+    fm_seg **segs;     /* the segment of each directory slot (for writes) */
     uint32_t gdepth;
     uint32_t max_shift;
     uint32_t size;
@@ -99,12 +100,15 @@ static inline uint32_t fm_page_len(const fm_seg *s) {
 static inline int fm_used(const cm_entry *e) { return e->state != NULL; }
 static inline uint32_t fm_hash(const cm_entry *e) { return e->hash & CM_HMASK; }
 
-static inline const fm_dent *fm_dent_for(const fm_map *m, uint32_t h) {
-    return &m->dir[m->gdepth ? h >> (FM_HASH_BITS - m->gdepth) : 0];
+static inline uint32_t fm_dir_index(const fm_map *m, uint32_t h) {
+    return m->gdepth ? h >> (FM_HASH_BITS - m->gdepth) : 0;
 }
 
+static inline cm_entry *fm_dent_e(fm_dent d) { return (cm_entry *)(uintptr_t)(d & (((uint64_t)1 << FM_DENT_SHIFT) - 1u)); }
+static inline uint32_t fm_dent_mask(fm_dent d) { return (1u << (uint32_t)(d >> FM_DENT_SHIFT)) - 1u; }
+
 static inline fm_seg *fm_seg_for(const fm_map *m, uint32_t h) {
-    return fm_dent_for(m, h)->seg;
+    return m->segs[fm_dir_index(m, h)];
 }
 
 /* ------------------------------------------------------------ ownership */
@@ -128,6 +132,12 @@ static void fm_entry_drop(fm_map *m, const cm_entry *e) {
 
 /* ------------------------------------------------------------- segments */
 
+static void fm_seg_free_empty(fm_seg *s) {
+    PyMem_RawFree(s->pver);
+    cm_ha_free(s->e, (size_t)fm_cap(s) * sizeof(cm_entry));
+    PyMem_RawFree(s);
+}
+
 static fm_seg *fm_seg_new(uint32_t shift, uint32_t depth, uint32_t version) {
     fm_seg *s = PyMem_RawCalloc(1, sizeof(fm_seg));
     if (!s) { PyErr_NoMemory(); return NULL; }
@@ -139,9 +149,12 @@ static fm_seg *fm_seg_new(uint32_t shift, uint32_t depth, uint32_t version) {
     s->e = cm_ha_alloc((size_t)fm_cap(s) * sizeof(cm_entry), 1);
     if (!s->pver || !s->e) {
         if (!s->pver) PyErr_NoMemory();
-        PyMem_RawFree(s->pver);
-        cm_ha_free(s->e, (size_t)fm_cap(s) * sizeof(cm_entry));
-        PyMem_RawFree(s);
+        fm_seg_free_empty(s);
+        return NULL;
+    }
+    if ((uint64_t)(uintptr_t)s->e >> FM_DENT_SHIFT) { /* no room for the shift in a directory slot */
+        fm_seg_free_empty(s);
+        PyErr_SetString(PyExc_MemoryError, "FlatStateMap: a segment was mapped above 2**58");
         return NULL;
     }
     for (uint32_t p = 0; p < s->npages; p++) s->pver[p] = version;
@@ -218,10 +231,9 @@ static inline const cm_entry *fm_snap_slot(const fm_seg *s, uint32_t i, uint32_t
 
 /* ------------------------------------------------------------- the map */
 
-static inline void fm_set_dent(fm_dent *d, fm_seg *s) {
-    d->e = s->e;
-    d->mask = fm_cap(s) - 1u;
-    d->seg = s;
+static inline void fm_set_dent(fm_map *m, uint32_t k, fm_seg *s) {
+    m->dir[k] = (uint64_t)(uintptr_t)s->e | ((uint64_t)s->shift << FM_DENT_SHIFT);
+    m->segs[k] = s;
 }
 
 static int fm_init(fm_map *m, uint32_t max_shift) {
@@ -229,10 +241,15 @@ static int fm_init(fm_map *m, uint32_t max_shift) {
     m->version = 1;
     m->max_shift = max_shift;
     m->dir = PyMem_RawMalloc(sizeof(fm_dent));
-    if (!m->dir) { PyErr_NoMemory(); return -1; }
-    fm_seg *s = fm_seg_new(FM_MIN_SHIFT < max_shift ? FM_MIN_SHIFT : max_shift, 0, m->version);
-    if (!s) { PyMem_RawFree(m->dir); m->dir = NULL; return -1; }
-    fm_set_dent(&m->dir[0], s);
+    m->segs = PyMem_RawMalloc(sizeof(fm_seg *));
+    fm_seg *s = m->dir && m->segs ? fm_seg_new(FM_MIN_SHIFT < max_shift ? FM_MIN_SHIFT : max_shift, 0, m->version) : NULL;
+    if (!s) {
+        if (!m->dir || !m->segs) PyErr_NoMemory();
+        PyMem_RawFree(m->dir); PyMem_RawFree(m->segs);
+        m->dir = NULL; m->segs = NULL;
+        return -1;
+    }
+    fm_set_dent(m, 0, s);
     return 0;
 }
 
@@ -256,17 +273,19 @@ static void fm_leave(fm_map *m) {
 }
 
 /* Directory slots of the run segment dir[k] fills (k its first). */
-static inline uint32_t fm_run(const fm_map *m, uint32_t k) { return 1u << (m->gdepth - m->dir[k].seg->depth); }
+static inline uint32_t fm_run(const fm_map *m, uint32_t k) { return 1u << (m->gdepth - m->segs[k]->depth); }
 
 static void fm_dealloc(fm_map *m) {
     if (!m->dir) return;
     m->busy = 1;
     for (uint32_t k = 0, run; k < (1u << m->gdepth); k += run) {
         run = fm_run(m, k);
-        fm_seg_decref(m, m->dir[k].seg);
+        fm_seg_decref(m, m->segs[k]);
     }
     PyMem_RawFree(m->dir);
+    PyMem_RawFree(m->segs);
     m->dir = NULL;
+    m->segs = NULL;
     PyMem_RawFree(m->snaps.a);
     m->snaps.a = NULL;
     fm_leave(m);
@@ -275,10 +294,11 @@ static void fm_dealloc(fm_map *m) {
 }
 
 /* 1 found at *slot, 0 absent (*slot = the empty slot ending the run), -1 error. */
-CM_ALWAYS_INLINE static inline int fm_find(const fm_dent *d, const cm_probe *p, uint32_t *slot) {
-    uint32_t mask = d->mask, i = p->hash & mask;
+CM_ALWAYS_INLINE static inline int fm_find(fm_dent d, const cm_probe *p, uint32_t *slot) {
+    const cm_entry *E = fm_dent_e(d);
+    uint32_t mask = fm_dent_mask(d), i = p->hash & mask;
     for (;;) {
-        const cm_entry *e = &d->e[i];
+        const cm_entry *e = &E[i];
         if (!fm_used(e)) { *slot = i; return 0; }
         int r = cm_match(e, p);
         if (r) { *slot = i; return r; }
@@ -287,8 +307,8 @@ CM_ALWAYS_INLINE static inline int fm_find(const fm_dent *d, const cm_probe *p, 
 }
 
 static inline void fm_prefetch(const fm_map *m, uint32_t h) {
-    const fm_dent *d = fm_dent_for(m, h);
-    const cm_entry *e = &d->e[h & d->mask];
+    fm_dent d = m->dir[fm_dir_index(m, h)];
+    const cm_entry *e = &fm_dent_e(d)[h & fm_dent_mask(d)];
     CM_PREFETCH(e);
     CM_PREFETCH((const char *)e + sizeof(cm_entry) - 1);
 }
@@ -316,8 +336,8 @@ static int fm_replace_seg(fm_map *m, fm_seg *s, fm_seg *a, fm_seg *b) {
     }
     /* the run of directory slots that pointed at s */
     uint32_t run = 1u << (m->gdepth - s->depth), first = 0;
-    while (m->dir[first].seg != s) first += run;
-    for (uint32_t k = 0; k < run; k++) fm_set_dent(&m->dir[first + k], (b && k >= run / 2) ? b : a);
+    while (m->segs[first] != s) first += run;
+    for (uint32_t k = 0; k < run; k++) fm_set_dent(m, first + k, (b && k >= run / 2) ? b : a);
     if (shared) s->refs--;
     else fm_seg_free(m, s, 0);
     return 0;
@@ -345,10 +365,16 @@ static int fm_grow(fm_map *m, fm_seg *s) {
     if (s->depth == m->gdepth) { /* double the directory */
         uint32_t n = 1u << m->gdepth;
         fm_dent *d = PyMem_RawMalloc(2u * n * sizeof(fm_dent));
-        if (!d) { PyErr_NoMemory(); return -1; }
-        for (uint32_t k = 0; k < n; k++) d[2u * k] = d[2u * k + 1u] = m->dir[k];
+        fm_seg **sg = d ? PyMem_RawMalloc(2u * n * sizeof(fm_seg *)) : NULL;
+        if (!sg) { PyMem_RawFree(d); PyErr_NoMemory(); return -1; }
+        for (uint32_t k = 0; k < n; k++) {
+            d[2u * k] = d[2u * k + 1u] = m->dir[k];
+            sg[2u * k] = sg[2u * k + 1u] = m->segs[k];
+        }
         PyMem_RawFree(m->dir);
+        PyMem_RawFree(m->segs);
         m->dir = d;
+        m->segs = sg;
         m->gdepth++;
         /* the sweep position keeps its place in hash order */
         m->sweep_dir *= 2u;
@@ -383,14 +409,23 @@ static int fm_delete_at(fm_map *m, fm_seg *s, uint32_t i) {
     return 0;
 }
 
-/* The state of the entry at slot i for a reader: a copy first, stored in the
- * entry, when it is shared with a snapshot and a copier is set. New ref. */
-static PyObject *fm_read_state(fm_map *m, fm_seg *s, uint32_t i) {
-    cm_entry *e = &s->e[i];
+/* fm_touch for slot i of directory slot k's segment, read only when needed. */
+static inline int fm_touch_at(fm_map *m, uint32_t k, uint32_t i) {
+    return CM_LIKELY(!m->required) ? 0 : fm_touch(m, m->segs[k], i);
+}
+
+/* The entry at slot i of directory slot k's segment. */
+static inline cm_entry *fm_entry_at(const fm_map *m, uint32_t k, uint32_t i) { return &fm_dent_e(m->dir[k])[i]; }
+
+/* The state of the entry at slot i of directory slot k for a reader: a copy
+ * first, stored in the entry, when it is shared with a snapshot and a copier
+ * is set. New ref. */
+static PyObject *fm_read_state(fm_map *m, uint32_t k, uint32_t i) {
+    cm_entry *e = fm_entry_at(m, k, i);
     if (m->copier && e->state != Py_None && e->sv <= m->required) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
-        if (fm_touch(m, s, i) < 0) { Py_DECREF(c); return NULL; }
+        if (fm_touch_at(m, k, i) < 0) { Py_DECREF(c); return NULL; }
         fm_grave(m, e->state);
         e->state = c;
         e->sv = m->version;
@@ -414,13 +449,12 @@ static inline void fm_set_state(fm_map *m, cm_entry *e, PyObject *state, int64_t
 static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
     cm_probe p;
     if (cm_make_probe(&p, key, ns) < 0 || fm_enter(m) < 0) return -1;
-    const fm_dent *d = fm_dent_for(m, p.hash);
-    fm_seg *s = d->seg;
-    uint32_t i;
-    int r = fm_find(d, &p, &i);
-    if (r >= 0 && fm_touch(m, s, i) < 0) r = -1;
+    uint32_t k = fm_dir_index(m, p.hash), i;
+    int r = fm_find(m->dir[k], &p, &i);
+    if (r >= 0 && fm_touch_at(m, k, i) < 0) r = -1;
+    fm_seg *s = r == 0 ? m->segs[k] : NULL; /* a new entry: its segment's count */
     if (r == 1) {
-        fm_set_state(m, &s->e[i], state, ts);
+        fm_set_state(m, fm_entry_at(m, k, i), state, ts);
         r = 0;
     } else if (r == 0 && s->count + 2u > fm_cap(s)) {
         PyErr_NoMemory(); /* only when growing failed before: keep a slot empty for probes */
@@ -450,24 +484,24 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
     return r;
 }
 
-/* Looks up (key, ns): 1 found (*seg, *slot set), 0 absent, -1 error. Enters the map. */
-static int fm_lookup(fm_map *m, PyObject *key, PyObject *ns, fm_seg **seg, uint32_t *slot) {
+/* Looks up (key, ns): 1 found (*k its directory slot, *slot its slot), 0
+ * absent, -1 error. Enters the map (and leaves it on error). */
+static int fm_lookup(fm_map *m, PyObject *key, PyObject *ns, uint32_t *k, uint32_t *slot) {
     cm_probe p;
     if (cm_make_probe(&p, key, ns) < 0 || fm_enter(m) < 0) return -1;
-    const fm_dent *d = fm_dent_for(m, p.hash);
-    *seg = d->seg;
-    int r = fm_find(d, &p, slot);
+    *k = fm_dir_index(m, p.hash);
+    int r = fm_find(m->dir[*k], &p, slot);
     if (r < 0) fm_leave(m);
     return r;
 }
 
 /* New ref: the state, or NULL with *found = 0 when absent (no error set). */
 static PyObject *fm_get(fm_map *m, PyObject *key, PyObject *ns, int *found) {
-    fm_seg *s; uint32_t i;
-    int r = fm_lookup(m, key, ns, &s, &i);
+    uint32_t k, i;
+    int r = fm_lookup(m, key, ns, &k, &i);
     *found = r == 1;
     if (r < 0) return NULL;
-    PyObject *v = r ? fm_read_state(m, s, i) : NULL;
+    PyObject *v = r ? fm_read_state(m, k, i) : NULL;
     fm_leave(m);
     return v;
 }
@@ -476,20 +510,21 @@ static PyObject *fm_get(fm_map *m, PyObject *key, PyObject *ns, int *found) {
  * expired, left in place; NULL with *found = 0 when absent. */
 static PyObject *fm_get_unexpired(fm_map *m, PyObject *key, PyObject *ns, int64_t now, int64_t ttl,
                                   int refresh, PyObject *expired, int *found) {
-    fm_seg *s; uint32_t i;
-    int r = fm_lookup(m, key, ns, &s, &i);
+    uint32_t k, i;
+    int r = fm_lookup(m, key, ns, &k, &i);
     *found = r == 1;
     if (r < 0) return NULL;
     PyObject *v = NULL;
     if (r) {
-        if (cm_expired(s->e[i].ts, ttl, now)) {
+        cm_entry *e = fm_entry_at(m, k, i);
+        if (cm_expired(e->ts, ttl, now)) {
             Py_INCREF(expired);
             v = expired;
-        } else if (refresh && s->e[i].ts != now && fm_touch(m, s, i) < 0) {
+        } else if (refresh && e->ts != now && fm_touch_at(m, k, i) < 0) {
             v = NULL;
         } else {
-            if (refresh) s->e[i].ts = now;
-            v = fm_read_state(m, s, i);
+            if (refresh) e->ts = now;
+            v = fm_read_state(m, k, i);
         }
     }
     fm_leave(m);
@@ -498,18 +533,18 @@ static PyObject *fm_get_unexpired(fm_map *m, PyObject *key, PyObject *ns, int64_
 
 /* 1 present, 0 absent, -1 error. */
 static int fm_contains(fm_map *m, PyObject *key, PyObject *ns) {
-    fm_seg *s; uint32_t i;
-    int r = fm_lookup(m, key, ns, &s, &i);
+    uint32_t k, i;
+    int r = fm_lookup(m, key, ns, &k, &i);
     if (r >= 0) fm_leave(m);
     return r;
 }
 
 /* 1 and *ts set when (key, ns) is mapped, 0 absent, -1 error. */
 static int fm_timestamp(fm_map *m, PyObject *key, PyObject *ns, int64_t *ts) {
-    fm_seg *s; uint32_t i;
-    int r = fm_lookup(m, key, ns, &s, &i);
+    uint32_t k, i;
+    int r = fm_lookup(m, key, ns, &k, &i);
     if (r < 0) return r;
-    if (r) *ts = s->e[i].ts;
+    if (r) *ts = fm_entry_at(m, k, i)->ts;
     fm_leave(m);
     return r;
 }
@@ -517,10 +552,11 @@ static int fm_timestamp(fm_map *m, PyObject *key, PyObject *ns, int64_t *ts) {
 /* Removes (key, ns): 1 removed (*old, when asked, a new ref to its state,
  * copied if shared), 0 absent, -1 error. */
 static int fm_remove(fm_map *m, PyObject *key, PyObject *ns, PyObject **old) {
-    fm_seg *s; uint32_t i;
-    int r = fm_lookup(m, key, ns, &s, &i);
+    uint32_t k, i;
+    int r = fm_lookup(m, key, ns, &k, &i);
     if (r < 0) return r;
     if (r == 0) { fm_leave(m); return 0; }
+    fm_seg *s = m->segs[k];
     if (old) {
         cm_entry *e = &s->e[i];
         if (m->copier && e->state != Py_None && e->sv <= m->required) *old = PyObject_CallOneArg(m->copier, e->state);
@@ -538,12 +574,12 @@ static int fm_remove(fm_map *m, PyObject *key, PyObject *ns, PyObject **old) {
 /* Overwrites the state and ts of (key, ns) if it is mapped: 1, else 0 (nothing
  * added), -1 error. `state` borrowed. */
 static int fm_replace(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
-    fm_seg *s; uint32_t i;
-    int r = fm_lookup(m, key, ns, &s, &i);
+    uint32_t k, i;
+    int r = fm_lookup(m, key, ns, &k, &i);
     if (r < 0) return r;
     if (r == 1) {
-        if (fm_touch(m, s, i) < 0) r = -1;
-        else fm_set_state(m, &s->e[i], state, ts);
+        if (fm_touch_at(m, k, i) < 0) r = -1;
+        else fm_set_state(m, fm_entry_at(m, k, i), state, ts);
     }
     fm_leave(m);
     return r;
@@ -554,8 +590,8 @@ static int fm_replace(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, i
 static inline void fm_hint_at(const fm_map *m, uint32_t h, int stage) {
     if (stage == 0) { fm_prefetch(m, h); return; }
     if (stage != 2) return;
-    const fm_dent *d = fm_dent_for(m, h);
-    const cm_entry *e = &d->e[h & d->mask];
+    fm_dent d = m->dir[fm_dir_index(m, h)];
+    const cm_entry *e = &fm_dent_e(d)[h & fm_dent_mask(d)];
     if (fm_used(e) && fm_hash(e) == h) CM_PREFETCH_W(e->state);
 }
 
@@ -571,7 +607,7 @@ static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
     uint64_t total = 0, scanned = 0;
-    for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) total += fm_cap(m->dir[k].seg);
+    for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) total += fm_cap(m->segs[k]);
     if (full) { m->sweep_dir = 0; m->sweep_slot = 0; }
     /* a bounded call looks at no more slots than the map has (a re-look after
      * a removal counts too); a full pass goes once round */
@@ -581,7 +617,7 @@ static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
             if (full) break;
         }
         uint32_t k = m->sweep_dir;
-        fm_seg *s = m->dir[k].seg;
+        fm_seg *s = m->segs[k];
         uint32_t run = fm_run(m, k);
         if (m->sweep_slot >= fm_cap(s)) {
             m->sweep_dir = (k & ~(run - 1u)) + run;
@@ -619,8 +655,8 @@ static int fm_snapshot(fm_map *m, fm_snap *snap) {
     if (cm_u32vec_push(&m->snaps, m->version) < 0) { PyMem_RawFree(snap->segs); snap->segs = NULL; return -1; }
     snap->nsegs = 0;
     for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) {
-        m->dir[k].seg->refs++;
-        snap->segs[snap->nsegs++] = m->dir[k].seg;
+        m->segs[k]->refs++;
+        snap->segs[snap->nsegs++] = m->segs[k];
     }
     snap->version = m->version;
     snap->size = m->size;
