@@ -1,0 +1,67 @@
+"""MapState at sizes where its key-group maps (``FlatStateMap``) split segments many times:
+snapshots taken along the way stay exact, restore brings them back, TTL cleanup removes the
+expired user entries, and the live state keeps its insertion order throughout."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from cowmap.state import KeyedStateBackend, MapStateDescriptor, StateTtlConfig
+
+N = 30_000  # user entries per key: five times a default segment's 6,144-entry limit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def test_snapshots_taken_while_segments_split_stay_exact_and_restore() -> None:
+    backend = KeyedStateBackend(max_parallelism=4)
+    ms = backend.get_map_state(MapStateDescriptor("m"))
+    snaps = []
+    for key in ("a", "b"):
+        backend.set_current_key(key)
+        for u in range(N):
+            ms.put(u, [key, u])
+            if u % 10_000 == 9_999:
+                snaps.append((backend.snapshot(), key, u + 1))
+    backend.set_current_key("a")
+    for u in range(0, N, 2):
+        ms.remove(u)
+    for u in range(1, N, 2):
+        ms.get(u).append("changed")  # in place, after the snapshots: they must not see it
+    ms.put(N, "new")
+    for snap, key, n in snaps:
+        restored = KeyedStateBackend(max_parallelism=4)
+        rs = restored.get_map_state(MapStateDescriptor("m"))
+        restored.restore(snap)
+        restored.set_current_key(key)
+        items = rs.items()
+        assert len(items) == n  # (a restore links entries in the snapshot's order, not insertion order)
+        assert dict(items) == {u: [key, u] for u in range(n)}
+        snap.release()
+    assert ms.keys() == list(range(1, N, 2)) + [N]
+    assert ms.get(1) == ["a", 1, "changed"]
+
+
+def test_ttl_cleanup_empties_a_large_map_state() -> None:
+    clock = Clock()
+    backend = KeyedStateBackend(max_parallelism=2, time_provider=clock)
+    desc = MapStateDescriptor("m")
+    desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=10)).build())
+    ms = backend.get_map_state(desc)
+    backend.set_current_key("k")
+    ms.put_all({u: u for u in range(N)})
+    clock.now += 5
+    ms.put_all({u: -u for u in range(0, N, 3)})  # refreshed: these outlive the rest
+    clock.now += 6
+    for _ in range(N):  # accesses drive the incremental cleanup
+        ms.get(-1)
+        if backend.num_entries() and len(backend._tables["m"].maps[backend._kg]) == N // 3:
+            break
+    assert len(backend._tables["m"].maps[backend._kg]) == N // 3
+    assert ms.items() == [(u, -u) for u in range(0, N, 3)]
