@@ -119,9 +119,10 @@ cdef extern from "flatmap.h":
     int fm_init(fm_map *m, uint32_t max_shift) except -1
     void fm_dealloc(fm_map *m)
     int fm_put(fm_map *m, object key, object ns, object state, int64_t ts) except -1
-    PyObject *fm_get(fm_map *m, object key, object ns, int *found)
-    PyObject *fm_get_unexpired(fm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh,
-                               object expired, int *found)
+    object fm_get(fm_map *m, object key, object ns)
+    object fm_get_unexpired(fm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh,
+                            object expired)
+    object fm_remove_and_get_old(fm_map *m, object key, object ns)
     int fm_contains(fm_map *m, object key, object ns) except -1
     int fm_timestamp(fm_map *m, object key, object ns, int64_t *ts) except -1
     int fm_replace(fm_map *m, object key, object ns, object state, int64_t ts) except -1

@@ -94,6 +94,13 @@ cdef inline int64_t _as_time(object t, str what="ts") except? -1:
     return _as_ts(t, what)
 
 
+cdef inline bint _provider_hint(object key, object ns, object t, uint32_t *h) noexcept:
+    """Whether a single-key call with time argument ``t`` (not an int) should
+    start its key's miss before calling it: ``t`` is a time provider other than
+    the C wall clock, and ``*h``, the key's composite hash, came without Python code."""
+    return t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, h)
+
+
 cdef inline int64_t _as_time_for(cm_map *m, object key, object ns, object t, str what="ts") except? -1:
     """``_as_time`` for a single-key call on ``m``: before a time provider is
     called (a Python call), the miss on the key's head entry is started, so
@@ -103,7 +110,7 @@ cdef inline int64_t _as_time_for(cm_map *m, object key, object ns, object t, str
     cdef uint32_t h
     if type(t) is int:
         return t
-    if t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, &h):
+    if _provider_hint(key, ns, t, &h):
         cm_hint_at(m, h, 1)
     return _as_time(t, what)
 
@@ -747,7 +754,6 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
     cdef list out = [None] * n if op == _MULTI_GET else [False] * n if op == _MULTI_REPLACE else None
     cdef CopyOnWriteStateMap cm
     cdef FlatStateMap fm
-    cdef int found
     cdef _Hint ring[HINT_RING]
     _hints_start(ring, maps, kgs, keys, namespaces, n)
     try:
@@ -760,9 +766,9 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
                 fm = <FlatStateMap>m
                 if op == _MULTI_GET:
                     if ttl > 0:
-                        out[i] = _take(fm_get_unexpired(&fm.m, keys[i], namespaces[i], t, ttl, refresh, EXPIRED, &found))
+                        out[i] = fm_get_unexpired(&fm.m, keys[i], namespaces[i], t, ttl, refresh, EXPIRED)
                     else:
-                        out[i] = _take(fm_get(&fm.m, keys[i], namespaces[i], &found))
+                        out[i] = fm_get(&fm.m, keys[i], namespaces[i])
                 elif op == _MULTI_PUT:
                     fm_put(&fm.m, keys[i], namespaces[i], states[i], t)
                 elif fm_replace(&fm.m, keys[i], namespaces[i], states[i], t) == 1:

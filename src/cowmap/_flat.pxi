@@ -1,33 +1,13 @@
 # FlatStateMap (flatmap.h): included by _core.pyx, so that it shares the core's
 # key hashing, entry layout and block allocator.
 
-cdef extern from "Python.h":
-    PyObject *_err_occurred "PyErr_Occurred"()
-    void _decref "Py_DECREF"(PyObject *o)
-
-
-cdef int _propagate() except -1:
-    return -1  # a C call below returned NULL with an exception set: raise it
-
-
-cdef inline object _take(PyObject *r):
-    """A new reference from C as an object; None for NULL without an error."""
-    if r == NULL:
-        if _err_occurred() != NULL:
-            _propagate()
-        return None
-    o = <object>r
-    _decref(r)
-    return o
-
-
 cdef inline int64_t _flat_time_for(fm_map *m, object key, object ns, object t, str what="ts") except? -1:
     """``_as_time`` for a single-key call on ``m``: the key's slot starts loading
     before a time provider (a Python call) runs, so that the two overlap."""
     cdef uint32_t h
     if type(t) is int:
         return t
-    if t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, &h):
+    if _provider_hint(key, ns, t, &h):
         fm_prefetch(m, h)
     return _as_time(t, what)
 
@@ -111,17 +91,14 @@ cdef class FlatStateMap:
     def get(self, key, namespace):
         """The state of ``(key, namespace)`` or None (copied first if it is
         shared with a snapshot and a copier is set)."""
-        cdef int found
-        return _take(fm_get(&self.m, key, namespace, &found))
+        return fm_get(&self.m, key, namespace)
 
     def get_unexpired(self, key, namespace, now, ttl, refresh=False):
         """As :meth:`CopyOnWriteStateMap.get_unexpired`: the state if live at
         ``now``, with its timestamp set to ``now`` when ``refresh``; None when
         absent; :data:`EXPIRED` when expired (left in place)."""
-        cdef int found
         cdef int64_t t = _flat_time_for(&self.m, key, namespace, now, "now")
-        return _take(fm_get_unexpired(&self.m, key, namespace, t, _as_ts(ttl, "ttl"),
-                                      1 if refresh else 0, EXPIRED, &found))
+        return fm_get_unexpired(&self.m, key, namespace, t, _as_ts(ttl, "ttl"), 1 if refresh else 0, EXPIRED)
 
     def contains_key(self, key, namespace):
         """True if ``(key, namespace)`` is mapped (also when its state is None)."""
@@ -140,10 +117,7 @@ cdef class FlatStateMap:
 
     def remove_and_get_old(self, key, namespace):
         """Remove ``(key, namespace)`` and return its state (None if absent)."""
-        cdef PyObject *old = NULL
-        if fm_remove(&self.m, key, namespace, &old) == 1:
-            return _take(old)
-        return None
+        return fm_remove_and_get_old(&self.m, key, namespace)
 
     def prefetch(self, key, namespace):
         """A hint that ``(key, namespace)`` is accessed soon: its slot starts

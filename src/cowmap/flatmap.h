@@ -76,6 +76,7 @@ typedef struct {
     uint32_t gdepth;
     uint32_t max_shift;
     uint32_t size;
+    uint64_t slots;    /* of all the directory's segments: bounds a sweep call */
     uint32_t version;  /* starts at 1; a snapshot takes it and it moves on */
     uint32_t required; /* the newest live snapshot's version, 0 = none */
     cm_u32vec snaps;   /* live snapshot versions, ascending */
@@ -250,6 +251,7 @@ static int fm_init(fm_map *m, uint32_t max_shift) {
         return -1;
     }
     fm_set_dent(m, 0, s);
+    m->slots = fm_cap(s);
     return 0;
 }
 
@@ -338,6 +340,7 @@ static int fm_replace_seg(fm_map *m, fm_seg *s, fm_seg *a, fm_seg *b) {
     uint32_t run = 1u << (m->gdepth - s->depth), first = 0;
     while (m->segs[first] != s) first += run;
     for (uint32_t k = 0; k < run; k++) fm_set_dent(m, first + k, (b && k >= run / 2) ? b : a);
+    m->slots += fm_cap(a) + (b ? fm_cap(b) : 0u) - (uint64_t)cap;
     if (shared) s->refs--;
     else fm_seg_free(m, s, 0);
     return 0;
@@ -409,6 +412,12 @@ static int fm_delete_at(fm_map *m, fm_seg *s, uint32_t i) {
     return 0;
 }
 
+/* Whether a reader must get a copy of e's state: a copier is set and the state
+ * was set at or before the newest live snapshot. */
+static inline int fm_state_shared(const fm_map *m, const cm_entry *e) {
+    return m->copier && e->state != Py_None && e->sv <= m->required;
+}
+
 /* fm_touch for slot i of directory slot k's segment, read only when needed. */
 static inline int fm_touch_at(fm_map *m, uint32_t k, uint32_t i) {
     return CM_LIKELY(!m->required) ? 0 : fm_touch(m, m->segs[k], i);
@@ -422,7 +431,7 @@ static inline cm_entry *fm_entry_at(const fm_map *m, uint32_t k, uint32_t i) { r
  * is set. New ref. */
 static PyObject *fm_read_state(fm_map *m, uint32_t k, uint32_t i) {
     cm_entry *e = fm_entry_at(m, k, i);
-    if (m->copier && e->state != Py_None && e->sv <= m->required) {
+    if (fm_state_shared(m, e)) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
         if (fm_touch_at(m, k, i) < 0) { Py_DECREF(c); return NULL; }
@@ -495,27 +504,27 @@ static int fm_lookup(fm_map *m, PyObject *key, PyObject *ns, uint32_t *k, uint32
     return r;
 }
 
-/* New ref: the state, or NULL with *found = 0 when absent (no error set). */
-static PyObject *fm_get(fm_map *m, PyObject *key, PyObject *ns, int *found) {
+/* New ref: the state, None when absent (as cm_get); NULL on error. */
+static PyObject *fm_get(fm_map *m, PyObject *key, PyObject *ns) {
     uint32_t k, i;
     int r = fm_lookup(m, key, ns, &k, &i);
-    *found = r == 1;
     if (r < 0) return NULL;
-    PyObject *v = r ? fm_read_state(m, k, i) : NULL;
+    PyObject *v = r ? fm_read_state(m, k, i) : Py_NewRef(Py_None);
     fm_leave(m);
     return v;
 }
 
-/* TTL read: the state (new ref) if live at `now`; `expired` (new ref) when
- * expired, left in place; NULL with *found = 0 when absent. */
+/* TTL read (as cm_get_unexpired): the state (new ref) if live at `now`;
+ * `expired` (new ref) when expired, left in place; None when absent. */
 static PyObject *fm_get_unexpired(fm_map *m, PyObject *key, PyObject *ns, int64_t now, int64_t ttl,
-                                  int refresh, PyObject *expired, int *found) {
+                                  int refresh, PyObject *expired) {
     uint32_t k, i;
     int r = fm_lookup(m, key, ns, &k, &i);
-    *found = r == 1;
     if (r < 0) return NULL;
-    PyObject *v = NULL;
-    if (r) {
+    PyObject *v;
+    if (!r) {
+        v = Py_NewRef(Py_None);
+    } else {
         cm_entry *e = fm_entry_at(m, k, i);
         if (cm_expired(e->ts, ttl, now)) {
             Py_INCREF(expired);
@@ -559,8 +568,7 @@ static int fm_remove(fm_map *m, PyObject *key, PyObject *ns, PyObject **old) {
     fm_seg *s = m->segs[k];
     if (old) {
         cm_entry *e = &s->e[i];
-        if (m->copier && e->state != Py_None && e->sv <= m->required) *old = PyObject_CallOneArg(m->copier, e->state);
-        else { Py_INCREF(e->state); *old = e->state; }
+        *old = fm_state_shared(m, e) ? PyObject_CallOneArg(m->copier, e->state) : Py_NewRef(e->state);
         if (!*old) r = -1;
     }
     if (r == 1 && (fm_touch(m, s, i) < 0 || fm_delete_at(m, s, i) < 0)) {
@@ -569,6 +577,14 @@ static int fm_remove(fm_map *m, PyObject *key, PyObject *ns, PyObject **old) {
     }
     fm_leave(m);
     return r;
+}
+
+/* New ref: the removed state (copied if shared), None when absent; NULL on error. */
+static PyObject *fm_remove_and_get_old(fm_map *m, PyObject *key, PyObject *ns) {
+    PyObject *old = NULL;
+    int r = fm_remove(m, key, ns, &old);
+    if (r < 0) return NULL;
+    return r ? old : Py_NewRef(Py_None);
 }
 
 /* Overwrites the state and ts of (key, ns) if it is mapped: 1, else 0 (nothing
@@ -606,8 +622,7 @@ static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
     if (fm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
-    uint64_t total = 0, scanned = 0;
-    for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) total += fm_cap(m->segs[k]);
+    uint64_t total = m->slots, scanned = 0;
     if (full) { m->sweep_dir = 0; m->sweep_slot = 0; }
     /* a bounded call looks at no more slots than the map has (a re-look after
      * a removal counts too); a full pass goes once round */
