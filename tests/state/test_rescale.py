@@ -94,6 +94,11 @@ def num(k: Any) -> int:
     return k if isinstance(k, int) else len(k) * 1000 + 1
 
 
+def m_entries(k: Any) -> dict[Any, Any]:
+    """The plain MapState's entries, in an order unrelated to their hashes."""
+    return {9: 0, "b": str(k), 3: 1, "a": num(k), -5: 2, 7: 3}
+
+
 def write_key(b: KeyedStateBackend, s: dict[str, Any], clock: list[int], i: int, k: Any) -> None:
     b.set_current_key(k)
     t = t_of(i)
@@ -103,7 +108,7 @@ def write_key(b: KeyedStateBackend, s: dict[str, Any], clock: list[int], i: int,
     s["v"].update(f"w{k}")
     s["v"].set_current_namespace(VOID_NAMESPACE)
     s["l"].add_all([num(k), 1, 2])
-    s["m"].put_all({"a": num(k), "b": str(k)})
+    s["m"].put_all(m_entries(k))
     s["r"].add(num(k))
     s["r"].add(1)
     s["a"].add(num(k))
@@ -123,7 +128,7 @@ def expected_plain(k: Any) -> dict[str, Any]:
         "v": f"v{k}",
         "w": f"w{k}",
         "l": [num(k), 1, 2],
-        "m": {"a": num(k), "b": str(k)},
+        "m": list(m_entries(k).items()),  # in insertion order
         "r": num(k) + 1,
         "a": (num(k) + 2, 2),
     }
@@ -137,7 +142,7 @@ def read_plain(s: dict[str, Any]) -> dict[str, Any]:
         "v": s["v"].value(),
         "w": w,
         "l": s["l"].get(),
-        "m": dict(s["m"].items()),
+        "m": s["m"].items(),
         "r": s["r"].get(),
         "a": s["a"].get(),
     }
@@ -150,7 +155,7 @@ def expected_ttl_at_read(i: int, k: Any) -> dict[str, Any]:
     return {
         "vt": f"t{k}" if alive else None,
         "lt": (["x"] if alive else []) + (["y"] if late_alive else []),
-        "mt": ({"p": 1} if alive else {}) | ({"q": 2} if late_alive else {}),
+        "mt": ([("p", 1)] if alive else []) + ([("q", 2)] if late_alive else []),
         "rt": num(k) if alive else None,
         "at": (num(k), 1) if alive else None,
     }
@@ -160,7 +165,7 @@ def read_ttl(s: dict[str, Any]) -> dict[str, Any]:
     return {
         "vt": s["vt"].value(),
         "lt": s["lt"].get(),
-        "mt": dict(s["mt"].items()),
+        "mt": s["mt"].items(),
         "rt": s["rt"].get(),
         "at": s["at"].get(),
     }

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from cowmap._core import StateMapSnapshot
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.keygroups import KeyGroupRange
 
@@ -19,7 +18,8 @@ __all__ = ["KeyedStateSnapshot"]
 class _StateSnapshot:
     table: StateTable
     descriptor: StateDescriptor
-    maps: dict[int, StateMapSnapshot]
+    #: per key group: a core snapshot (a MapGroupSnapshot for map state)
+    maps: dict[int, Any]
     #: the time of the snapshot when expired values are to be left out, else None
     cleanup_now: int | None
     #: the state's TTL (ms, 0 for none) when the snapshot was taken
@@ -84,7 +84,8 @@ class KeyedStateSnapshot:
 
         - value, reducing, aggregating: ``(key, namespace, value, ts)``;
         - list: ``(key, namespace, values, timestamps)`` (timestamps None without TTL);
-        - map: ``(key, namespace, user_key, value, ts)``.
+        - map: ``(key, namespace, user_key, value, ts)``, each key's and namespace's
+          user entries in insertion order.
 
         ``ts`` is the last-access time in ms (``NO_TIMESTAMP`` without TTL). With
         ``cleanup_full_snapshot`` values expired at the snapshot's time are left out.
