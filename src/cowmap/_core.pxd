@@ -133,5 +133,9 @@ cdef extern from "flatmap.h":
     int fm_snapshot(fm_map *m, fm_snap *s) except -1
     void fm_release(fm_map *m, fm_snap *s)
     const cm_entry *fm_snap_next(const fm_snap *s, uint32_t *j, uint32_t *i)
+    ctypedef struct fm_pos:
+        pass
+    fm_pos *fm_snap_order(const fm_snap *s, size_t *n) except NULL
+    const cm_entry *fm_snap_at(const fm_snap *s, const fm_pos *p)
     uint32_t FM_MAX_SHIFT_DEFAULT
     uint32_t FM_MIN_SHIFT

@@ -9,6 +9,7 @@ cimport cython
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.string cimport memset
+from cpython.mem cimport PyMem_RawFree
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from cpython.number cimport PyIndex_Check
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec

@@ -29,6 +29,10 @@
  * exactly as in the chained map (the entry's sv is the version its state was
  * set at; shared while sv <= the newest live snapshot's version).
  *
+ * Entries remember the order they were added in: the chained map's `next`
+ * and `ev`, unused here, hold a sequence number the map counts up per insert,
+ * so a snapshot can be read in insertion order (fm_snap_order).
+ *
  * Deletion shifts the rest of the probe run back (no tombstones). Objects the
  * map lets go of are DECREFed once it is consistent again (fm_leave), as a
  * DECREF may run arbitrary code. The `busy` flag turns away re-entrant use.
@@ -36,6 +40,7 @@
 #ifndef COWMAP_FLATMAP_H
 #define COWMAP_FLATMAP_H
 
+#include <stdlib.h>
 #include "cowmap_core.h"
 
 #define FM_PAGE_SHIFT 8u                /* entries per copy-on-write page: 256 (12 KiB) */
@@ -81,6 +86,7 @@ typedef struct {
     uint32_t required; /* the newest live snapshot's version, 0 = none */
     cm_u32vec snaps;   /* live snapshot versions, ascending */
     uint64_t mod_count;
+    uint64_t seq;      /* the insertion sequence number of the next new entry */
     PyObject *copier;  /* borrowed from the Python object; NULL = immutable states */
     int busy;
     cm_ptrvec grave;
@@ -100,6 +106,11 @@ static inline uint32_t fm_page_len(const fm_seg *s) {
 }
 static inline int fm_used(const cm_entry *e) { return e->state != NULL; }
 static inline uint32_t fm_hash(const cm_entry *e) { return e->hash & CM_HMASK; }
+static inline uint64_t fm_seq(const cm_entry *e) { return (uint64_t)e->ev << 32 | e->next; }
+static inline void fm_set_seq(cm_entry *e, uint64_t seq) {
+    e->next = (uint32_t)seq;
+    e->ev = (uint32_t)(seq >> 32);
+}
 
 static inline uint32_t fm_dir_index(const fm_map *m, uint32_t h) {
     return m->gdepth ? h >> (FM_HASH_BITS - m->gdepth) : 0;
@@ -471,7 +482,7 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
     } else if (r == 0) {
         cm_entry *e = &s->e[i];
         e->hash = p.hash | (p.is_int ? CM_F_INTKEY : 0u);
-        e->next = 0;
+        fm_set_seq(e, m->seq++);
         if (p.is_int) e->key.i = p.ikey;
         else { Py_INCREF(p.key); e->key.obj = p.key; }
         Py_INCREF(ns);
@@ -479,7 +490,6 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
         Py_INCREF(state);
         e->state = state;
         e->ts = ts;
-        e->ev = 0;
         e->sv = m->version;
         s->count++;
         m->size++;
@@ -729,6 +739,43 @@ static const cm_entry *fm_snap_next(const fm_snap *snap, uint32_t *j, uint32_t *
         *i = 0;
     }
     return NULL;
+}
+
+/* A snapshot entry's position, by insertion sequence number. */
+typedef struct {
+    uint64_t seq;
+    uint32_t j, i;   /* segment of the snapshot, slot */
+} fm_pos;
+
+static int fm_pos_cmp(const void *a, const void *b) {
+    uint64_t x = ((const fm_pos *)a)->seq, y = ((const fm_pos *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+/* The positions of the snapshot's entries in insertion order, in a new array
+ * (PyMem_RawFree it) of *n items; NULL with MemoryError set. Positions, not
+ * entries: a write to the map after this call may save the entry's page, and
+ * fm_snap_slot finds the entry as the snapshot sees it at any time. */
+static fm_pos *fm_snap_order(const fm_snap *snap, size_t *n) {
+    fm_pos *a = (fm_pos *)PyMem_RawMalloc(((size_t)snap->size + 1u) * sizeof(fm_pos));
+    if (!a) { PyErr_NoMemory(); return NULL; }
+    uint32_t j = 0, i = 0;
+    size_t k = 0;
+    const cm_entry *e;
+    while (k < snap->size && (e = fm_snap_next(snap, &j, &i)) != NULL) {
+        a[k].seq = fm_seq(e);
+        a[k].j = j;
+        a[k].i = i - 1u; /* fm_snap_next has moved past it */
+        k++;
+    }
+    qsort(a, k, sizeof(fm_pos), fm_pos_cmp);
+    *n = k;
+    return a;
+}
+
+/* The entry at position p of the snapshot, as the snapshot sees it. */
+static inline const cm_entry *fm_snap_at(const fm_snap *snap, const fm_pos *p) {
+    return fm_snap_slot(snap->segs[p->j], p->i, snap->version);
 }
 
 #endif /* COWMAP_FLATMAP_H */

@@ -53,6 +53,10 @@ class FlatMachine(RuleBasedStateMachine):
         with self.m.snapshot() as s:
             return {k: (self.norm(v), ts) for k, (v, ts) in as_dict(s.iter_with_timestamps()).items()}
 
+    def in_order(self, snapshot: Any) -> list:
+        """The snapshot's entries in insertion order, as ``((key, ns), (state, ts))``."""
+        return [((k, ns), (self.norm(v), ts)) for k, ns, v, ts in snapshot.iter_with_timestamps(True)]
+
     # -- single entries ---------------------------------------------------------------------
 
     @rule(key=KEYS, ns=NAMESPACES, state=st.data(), ts=OPT_TS)
@@ -142,6 +146,8 @@ class FlatMachine(RuleBasedStateMachine):
         got = {k: (self.norm(v), ts) for k, (v, ts) in as_dict(s.iter_with_timestamps()).items()}
         assert got == rec.expected
         assert {k: self.norm(v) for k, v in as_dict(iter(s)).items()} == {k: v for k, (v, _) in rec.expected.items()}
+        # the model is a dict: an overwrite keeps a key's place, a removal and a new put move it last
+        assert self.in_order(s) == list(rec.expected.items())
 
     @rule(rec=consumes(snapshots))
     def release_snapshot(self, rec: SnapRecord) -> None:
@@ -157,6 +163,8 @@ class FlatMachine(RuleBasedStateMachine):
     def same_contents(self) -> None:
         assert len(self.m) == len(self.model)
         assert self.contents() == self.model
+        with self.m.snapshot() as s:
+            assert self.in_order(s) == list(self.model.items())
 
     def teardown(self) -> None:
         for rec in self.live:
@@ -210,6 +218,36 @@ def test_growth_splits_segments_and_keeps_every_snapshot():
         assert as_dict(s) == expected
         s.release()
     assert as_dict(m) == {(k, k % 3): k for k in range(1, 3000, 2)}
+
+
+def test_insertion_order_holds_while_the_map_changes_under_the_iteration():
+    """Ordered iteration sorts positions up front; writes, removals and splits after that
+    must not show through (each position is read as the snapshot sees it)."""
+    m = FlatStateMap(max_shift=4)
+    keys = [(i * 7919) % 1000 for i in range(1000)]  # added in an order unrelated to the hashes
+    for k in keys:
+        m.put(k, "n", [k])
+    for k in keys[::3]:
+        m.remove(k, "n")
+        m.put(k, "n", [k, "again"])  # moves to the end
+    expected = [k for k in keys if keys.index(k) % 3] + keys[::3]
+    with m.snapshot() as s:
+        it = s.iter_with_timestamps(True)
+        got = [next(it) for _ in range(10)]
+        model = {k: None for k in expected}  # a dict keeps insertion order the same way
+        for k in keys:
+            m.put(k, "n", ["changed"])
+            model[k] = None
+            m.remove(k + 1, "n")
+            model.pop(k + 1, None)
+        for k in range(1000, 5000):
+            m.put(k, "n", [k])  # many more splits
+            model[k] = None
+        got += list(it)
+        assert [k for k, _, _, _ in got] == expected
+        assert all(v[0] == k and (len(v) == 2) == (k in keys[::3]) for k, _, v, _ in got)
+    with m.snapshot() as s:
+        assert [k for k, _, _, _ in s.iter_with_timestamps(True)] == list(model)
 
 
 def test_a_full_sweep_removes_runs_whose_entries_shift_back():
@@ -296,10 +334,14 @@ def test_no_leaks_over_cycles_of_fill_snapshot_mutate_release():
         for k, s in zip(keys, states):
             m.put(k, 0, s)
         snap = m.snapshot()
+        partial = snap.iter_with_timestamps(True)
+        next(partial)  # an ordered iteration left unfinished frees its order too
         for k, s in zip(keys[::3], states[::3]):
             m.put(k, 1, s)
             m.remove(k, 0)
         m.sweep_expired(2**62, 1, None, [])
+        assert len(list(snap.iter_with_timestamps(True))) == len(keys)
+        del partial
         snap.release()
         del m, snap, k, s
         gc.collect()

@@ -29,7 +29,6 @@ from cowmap._core import (
     CopyOnWriteStateMap,
     FlatMapSnapshot,
     FlatStateMap,
-    StateMapSnapshot,
     multi_get,
     multi_replace,
 )
@@ -165,27 +164,14 @@ class MapTable(StateTable):
                 self.unlink(kg, ctx, ukey, gone)
         return len(removed)
 
-    def snapshot_maps(self) -> dict[int, MapGroupSnapshot]:  # type: ignore[override]
-        return {
-            kg: MapGroupSnapshot(m.snapshot(), self.links[kg].snapshot(), self.dirs[kg].snapshot())  # type: ignore[union-attr]
-            for kg, m in enumerate(self.maps)
-            if m is not None
-        }
-
-    def export(self, snap: MapGroupSnapshot, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:  # type: ignore[override]
-        """``(key, namespace, user_key, value, ts)`` per user entry, each key's and
-        namespace's entries in insertion order, so a restore appending them in this
-        order rebuilds the same lists. Holds two dicts of one key group's entries."""
-        values = {(ukey, ctx): (value, ts) for ukey, ctx, value, ts in snap.values.iter_with_timestamps()}
-        nexts = {(ukey, ctx): lk[1] for ukey, ctx, lk in snap.links}
-        for key, ns, dc in snap.dirs:
-            ctx = make_ctx(key, ns)
-            ukey = dc[1]
-            while ukey is not None:
-                value, ts = values[ukey, ctx]
-                if now is None or not expired(ts, ttl, now):
-                    yield key, ns, ukey, (None if value is _NONE else value), ts
-                ukey = nexts[ukey, ctx]
+    def export(self, snap: FlatMapSnapshot, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:
+        """``(key, namespace, user_key, value, ts)`` per user entry, in the order
+        the entries were added (each key's list order), so a restore that links
+        them in this order rebuilds the same lists."""
+        for ukey, ctx, value, ts in snap.iter_with_timestamps(True):
+            if now is None or not expired(ts, ttl, now):
+                key, ns = split_ctx(ctx)
+                yield key, ns, ukey, (None if value is _NONE else value), ts
 
     def import_records(self, kg: int, records: Iterator[tuple[Any, ...]]) -> None:
         e = self.map_for_write(kg)
@@ -194,23 +180,6 @@ class MapTable(StateTable):
             ctx = make_ctx(key, ns)
             if e.put(ukey, ctx, _NONE if value is None else copy(value), ts):
                 self.link(kg, ctx, ukey)
-
-
-class MapGroupSnapshot:
-    """One key group's MapState at a snapshot: the user entries, their links and
-    the per-key list heads, taken together so they agree."""
-
-    __slots__ = ("values", "links", "dirs")
-
-    def __init__(self, values: FlatMapSnapshot, links: StateMapSnapshot, dirs: StateMapSnapshot) -> None:
-        self.values = values
-        self.links = links
-        self.dirs = dirs
-
-    def release(self) -> None:
-        self.values.release()
-        self.links.release()
-        self.dirs.release()
 
 
 class MapState(AsyncMapMethods, State):

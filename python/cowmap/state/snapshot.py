@@ -18,7 +18,7 @@ __all__ = ["KeyedStateSnapshot"]
 class _StateSnapshot:
     table: StateTable
     descriptor: StateDescriptor
-    #: per key group: a core snapshot (a MapGroupSnapshot for map state)
+    #: per key group: a core snapshot (StateMapSnapshot, or FlatMapSnapshot for map state)
     maps: dict[int, Any]
     #: the time of the snapshot when expired values are to be left out, else None
     cleanup_now: int | None
