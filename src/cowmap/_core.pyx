@@ -95,6 +95,27 @@ cdef inline int64_t _as_time(object t, str what="ts") except? -1:
     return _as_ts(t, what)
 
 
+cdef int _sweep_args(object max_entries, object removed, Py_ssize_t *n, PyObject **sink) except -1:
+    """``sweep_expired``'s bound (-1: a full pass) and sink (NULL: none), checked."""
+    n[0] = -1
+    sink[0] = NULL
+    if max_entries is not None:
+        n[0] = max_entries
+        if n[0] < 0:
+            raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
+    if removed is not None:
+        if type(removed) is not list:
+            raise TypeError(f"removed must be a list or None, not {type(removed).__name__}")
+        sink[0] = <PyObject *>removed
+    return 0
+
+
+cdef int _check_copier(object copier) except -1:
+    if copier is not None and not callable(copier):
+        raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
+    return 0
+
+
 cdef inline bint _provider_hint(object key, object ns, object t, uint32_t *h) noexcept:
     """Whether a single-key call with time argument ``t`` (not an int) should
     start its key's miss before calling it: ``t`` is a time provider other than
@@ -207,8 +228,7 @@ cdef class CopyOnWriteStateMap:
             raise TypeError(f"capacity must be an int, not {type(capacity).__name__}")
         if capacity < 0:
             raise ValueError(f"capacity must be >= 0, got {capacity}")
-        if copier is not None and not callable(copier):
-            raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
+        _check_copier(copier)
         cm_init(&self.m, <uint32_t>min(capacity, _MAX_CAPACITY))
         self._ready = True
         # The C struct borrows the copier from _copier, which the garbage collector
@@ -357,16 +377,9 @@ cdef class CopyOnWriteStateMap:
         if ``removed`` is a list, each removed entry is appended to it as
         ``(key, namespace, state)``.
         """
-        cdef Py_ssize_t n = -1
-        cdef PyObject *sink = NULL
-        if max_entries is not None:
-            n = max_entries
-            if n < 0:
-                raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
-        if removed is not None:
-            if type(removed) is not list:
-                raise TypeError(f"removed must be a list or None, not {type(removed).__name__}")
-            sink = <PyObject *>removed
+        cdef Py_ssize_t n
+        cdef PyObject *sink
+        _sweep_args(max_entries, removed, &n, &sink)
         return cm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n, sink)
 
     # ------------------------------------------------------------ whole map

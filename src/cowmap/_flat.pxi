@@ -47,8 +47,7 @@ cdef class FlatStateMap:
 
     def __cinit__(self, copier=None, max_shift=None):
         self._ready = False
-        if copier is not None and not callable(copier):
-            raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
+        _check_copier(copier)
         cdef uint32_t shift = FM_MAX_SHIFT_DEFAULT
         if max_shift is not None:
             if type(max_shift) is not int:
@@ -133,15 +132,10 @@ cdef class FlatStateMap:
         ``max_entries`` entries from where the last call stopped
         (``None``: one full pass). Returns how many were removed; with a list
         ``removed``, each goes to it as ``(key, namespace, state)``."""
-        cdef Py_ssize_t n = -1
-        if max_entries is not None:
-            n = max_entries
-            if n < 0:
-                raise ValueError(f"max_entries must be >= 0 or None, got {max_entries}")
-        if removed is not None and type(removed) is not list:
-            raise TypeError(f"removed must be a list or None, not {type(removed).__name__}")
-        return fm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n,
-                        <PyObject *>removed if removed is not None else NULL)
+        cdef Py_ssize_t n
+        cdef PyObject *sink
+        _sweep_args(max_entries, removed, &n, &sink)
+        return fm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n, sink)
 
     def snapshot(self):
         """A :class:`FlatMapSnapshot` of the map as it is now."""

@@ -305,17 +305,35 @@ CM_ALWAYS_INLINE static inline int cm_prefetch_past_head(const cm_map *m, const 
     return 1;
 }
 
-/* Release a reference the map held. A DECREF that cannot free the object runs
+/* Release a reference a map held. A DECREF that cannot free the object runs
  * no Python code, so it is done now, while the object is likely in cache; a
- * last reference waits until the map is consistent again (cm_leave). */
-static inline void cm_grave(cm_map *m, PyObject *o) {
+ * last reference waits in `grave` until the map is consistent again
+ * (cm_grave_empty, from cm_leave or fm_leave). */
+static inline void cm_bury(cm_ptrvec *grave, PyObject *o) {
     if (Py_REFCNT(o) > 1) {
         Py_DECREF(o);
         return;
     }
-    if (cm_ptrvec_add(&m->grave, o) < 0)
+    if (cm_ptrvec_add(grave, o) < 0)
         Py_DECREF(o); /* out of memory: release now rather than leak (an error being raised stays) */
 }
+
+/* cm_bury for each reference an entry holds. */
+static inline void cm_bury_entry(cm_ptrvec *grave, const cm_entry *e) {
+    if (!cm_intkey(e)) cm_bury(grave, e->key.obj);
+    cm_bury(grave, e->ns);
+    cm_bury(grave, e->state);
+}
+
+/* The DECREFs cm_bury put off; the map must be usable again (they may run code). */
+static void cm_grave_empty(cm_ptrvec *grave) {
+    while (grave->n) {
+        PyObject *o = (PyObject *)grave->a[--grave->n];
+        Py_DECREF(o);
+    }
+}
+
+static inline void cm_grave(cm_map *m, PyObject *o) { cm_bury(&m->grave, o); }
 
 /* ----------------------------------------------------------------- tables */
 
@@ -418,9 +436,7 @@ static uint32_t cm_entry_alloc(cm_map *m) {
 
 static void cm_entry_free(cm_map *m, uint32_t i) {
     cm_entry *e = cm_E(m, i);
-    if (!cm_intkey(e)) cm_grave(m, e->key.obj);
-    cm_grave(m, e->ns);
-    cm_grave(m, e->state);
+    cm_bury_entry(&m->grave, e);
     e->state = NULL;
     /* out of memory: the entry is never reused (a leak of 48 bytes), no error */
     (void)cm_u32vec_add(&m->freed, i);
@@ -697,10 +713,7 @@ static void cm_leave(cm_map *m) {
     }
     if (m->nrq) cm_reclaim_some(m, CM_RECLAIM_PER_OP);
     m->busy = 0;
-    while (m->grave.n) {
-        PyObject *o = (PyObject *)m->grave.a[--m->grave.n];
-        Py_DECREF(o);
-    }
+    cm_grave_empty(&m->grave);
 }
 
 /* Rehash step (Flink's computeHashForOperationAndDoIncrementalRehash) + lookup. */
@@ -1996,10 +2009,7 @@ static void cm_dealloc(cm_map *m) {
     PyMem_RawFree(m->pending_release.a);
     m->nchunks = 0; m->snaps = NULL; m->nsnaps = 0;
     m->busy = 0;
-    while (m->grave.n) {
-        PyObject *o = (PyObject *)m->grave.a[--m->grave.n];
-        Py_DECREF(o);
-    }
+    cm_grave_empty(&m->grave);
     PyMem_RawFree(m->grave.a);
     m->grave.a = NULL;
     Py_CLEAR(m->copier);

@@ -125,21 +125,12 @@ static inline fm_seg *fm_seg_for(const fm_map *m, uint32_t h) {
 
 /* ------------------------------------------------------------ ownership */
 
-static inline void fm_grave(fm_map *m, PyObject *o) {
-    if (Py_REFCNT(o) > 1) { Py_DECREF(o); return; }
-    if (cm_ptrvec_add(&m->grave, o) < 0) Py_DECREF(o);
-}
+static inline void fm_grave(fm_map *m, PyObject *o) { cm_bury(&m->grave, o); }
 
 static void fm_entry_incref(const cm_entry *e) {
     if (!cm_intkey(e)) Py_INCREF(e->key.obj);
     Py_INCREF(e->ns);
     Py_INCREF(e->state);
-}
-
-static void fm_entry_drop(fm_map *m, const cm_entry *e) {
-    if (!cm_intkey(e)) fm_grave(m, e->key.obj);
-    fm_grave(m, e->ns);
-    fm_grave(m, e->state);
 }
 
 /* ------------------------------------------------------------- segments */
@@ -176,7 +167,7 @@ static fm_seg *fm_seg_new(uint32_t shift, uint32_t depth, uint32_t version) {
 static void fm_copy_free(fm_map *m, const fm_seg *s, fm_copy *c) {
     uint32_t n = fm_page_len(s);
     for (uint32_t i = 0; i < n; i++)
-        if (fm_used(&c->e[i])) fm_entry_drop(m, &c->e[i]);
+        if (fm_used(&c->e[i])) cm_bury_entry(&m->grave, &c->e[i]);
     PyMem_RawFree(c);
 }
 
@@ -186,7 +177,7 @@ static void fm_seg_free(fm_map *m, fm_seg *s, int owned) {
     uint32_t cap = fm_cap(s);
     if (owned)
         for (uint32_t i = 0; i < cap; i++)
-            if (fm_used(&s->e[i])) fm_entry_drop(m, &s->e[i]);
+            if (fm_used(&s->e[i])) cm_bury_entry(&m->grave, &s->e[i]);
     if (s->copies) {
         for (uint32_t p = 0; p < s->npages; p++) {
             fm_copy *c = s->copies[p];
@@ -279,10 +270,7 @@ static int fm_enter(fm_map *m) {
 
 static void fm_leave(fm_map *m) {
     m->busy = 0;
-    while (m->grave.n) {
-        PyObject *o = (PyObject *)m->grave.a[--m->grave.n];
-        Py_DECREF(o);
-    }
+    cm_grave_empty(&m->grave);
 }
 
 /* Directory slots of the run segment dir[k] fills (k its first). */
@@ -405,7 +393,7 @@ static inline int fm_over(const fm_seg *s) { return (uint64_t)s->count * 4u > (u
  * of its probe run back. The entry's references go to the grave first. */
 static int fm_delete_at(fm_map *m, fm_seg *s, uint32_t i) {
     uint32_t mask = fm_cap(s) - 1u;
-    fm_entry_drop(m, &s->e[i]);
+    cm_bury_entry(&m->grave, &s->e[i]);
     uint32_t j = i;
     for (uint32_t k = (j + 1u) & mask; fm_used(&s->e[k]); k = (k + 1u) & mask) {
         uint32_t home = fm_hash(&s->e[k]) & mask;

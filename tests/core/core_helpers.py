@@ -40,6 +40,28 @@ class CountingCopier:
         return result
 
 
+class PlainStates:
+    """State-machine hooks for immutable states (ints, strings, None) and no copier, for
+    machines keeping their model as ``{(key, ns): (state, ts)}`` in ``self.model``."""
+
+    STATES: Any = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=2))
+
+    def make_copier(self):
+        return None
+
+    def new_state(self, drawn: Any) -> Any:
+        """The object handed to the map for a drawn state."""
+        return drawn
+
+    def norm(self, state: Any) -> Any:
+        """A value-only, immutable view of a map state, for comparisons and the model."""
+        return state
+
+    def expected_state(self, key: Any, ns: Any) -> Any:
+        entry = self.model.get((key, ns))  # type: ignore[attr-defined]
+        return None if entry is None else entry[0]
+
+
 class ListStates:
     """State-machine hooks for list states with a copier: the map's states are lists that
     user code mutates in place, compared (and kept in the model) as tuples. Mixed in ahead

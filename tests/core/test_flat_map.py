@@ -20,14 +20,13 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from cowmap import NO_TIMESTAMP
 from cowmap._core import EXPIRED, FlatStateMap
-from core_helpers import CountingCopier, ListStates, as_dict
+from core_helpers import CountingCopier, ListStates, PlainStates, as_dict
 from test_map_statemachine import INT64_MAX, INT64_MIN, KEYS, NAMESPACES, NOWS, OPT_TS, TTLS, SnapRecord, is_expired
 
 
-class FlatMachine(RuleBasedStateMachine):
+class FlatMachine(PlainStates, RuleBasedStateMachine):
     """Immutable states; no copier."""
 
-    STATES: Any = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=2))
     snapshots = Bundle("snapshots")
 
     def __init__(self) -> None:
@@ -35,19 +34,6 @@ class FlatMachine(RuleBasedStateMachine):
         self.m = FlatStateMap(copier=self.make_copier(), max_shift=3)
         self.model: dict[tuple[Any, Any], tuple[Any, int]] = {}
         self.live: list[SnapRecord] = []
-
-    def make_copier(self):
-        return None
-
-    def new_state(self, drawn: Any) -> Any:
-        return drawn
-
-    def norm(self, state: Any) -> Any:
-        return state
-
-    def expected_state(self, key: Any, ns: Any) -> Any:
-        entry = self.model.get((key, ns))
-        return None if entry is None else entry[0]
 
     def contents(self) -> dict:
         with self.m.snapshot() as s:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
-from core_helpers import ListStates, as_dict
+from core_helpers import ListStates, PlainStates, as_dict
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -59,10 +59,9 @@ class SnapRecord:
         return f"SnapRecord(version={self.snapshot.version}, n={len(self.expected)})"
 
 
-class PlainStateMachine(RuleBasedStateMachine):
+class PlainStateMachine(PlainStates, RuleBasedStateMachine):
     """Immutable states (ints, strings, None, tuples); no copier."""
 
-    STATES: Any = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=2))
     snapshots = Bundle("snapshots")
 
     def __init__(self) -> None:
@@ -72,18 +71,7 @@ class PlainStateMachine(RuleBasedStateMachine):
         self.live: list[SnapRecord] = []
         self.visitor = None
 
-    # -- hooks overridden by the copier machine -------------------------------------------
-
-    def make_copier(self):
-        return None
-
-    def new_state(self, drawn: Any) -> Any:
-        """The object handed to the map for a drawn state."""
-        return drawn
-
-    def norm(self, state: Any) -> Any:
-        """A value-only, immutable view of a map state, for comparisons and the model."""
-        return state
+    # -- hooks overridden by the copier machine (see also PlainStates) -------------------
 
     def transform_fn(self, old: Any, value: Any) -> Any:
         return (old, value)
@@ -92,10 +80,6 @@ class PlainStateMachine(RuleBasedStateMachine):
         return (old_norm, value)
 
     # -- helpers ----------------------------------------------------------------------------
-
-    def expected_state(self, key: Any, ns: Any) -> Any:
-        entry = self.model.get((key, ns))
-        return None if entry is None else entry[0]
 
     def set_model(self, key: Any, ns: Any, state_norm: Any, ts: int | None) -> None:
         self.model[(key, ns)] = (state_norm, NO_TIMESTAMP if ts is None else ts)
