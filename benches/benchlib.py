@@ -178,6 +178,8 @@ def _rows() -> list[Row]:
         Row("1", "get hit, 1M keys, 1 call/op", "ns/op", "get.cowmap", "get.dict_key", "dict.get(key)", "ratio", 1.5),
         Row("1", "put existing, 1M keys, 1 call/op", "ns/op", "put.cowmap", "put.dict_tuple", "d[(key, ns)] = v", "ratio", 0.8),
         Row("1", "put existing, 1M keys, 1 call/op", "ns/op", "put.cowmap", "put.dict_key", "d[key] = v", "ratio", 1.5),
+        Row("1h", f"FlatStateMap get, prefetch() 4 ahead, @{bl}", "ns/get", "flat.get.hinted", "flat.get.plain",
+            "same gets, no hint, interleaved", "ratio", 0.8),
     ]
     for tag, label, limit in ((s, "1M", 40.0), (b, bl, 100.0)):
         rows += [

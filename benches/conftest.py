@@ -8,12 +8,15 @@ Run::
 Figures (one module each; each module's docstring says how it is measured):
 
 1. ``test_bench_single.py``   single-key ``get`` / ``put`` from Python vs ``dict``.
+1h. ``test_bench_hints.py``   a ``prefetch()`` hint hides a cold lookup's miss (a build guard).
 2. ``test_bench_batch.py``    ``get_many`` / ``put_many`` on int64 arrays vs pandas' khash.
 3. ``test_bench_snapshot.py`` ``snapshot()`` start time (and 6.: first write after a snapshot).
 4. ``test_bench_growth.py``   worst single ``put`` while growing, vs a dict's resize pause.
 5. ``test_bench_memory.py``   map overhead per entry vs a ``{(key, ns): v}`` dict.
 7.-11. ``test_bench_state.py`` keyed state: MapState with TTL by entries per key, MapState vs
    ValueState, ValueState with/without TTL and vs a dict, backend ``snapshot()`` start.
+12.-14. ``test_bench_async.py`` the async state layer: core calls per record, cost per record
+   vs the sync path, and the time hidden when every state call has a latency.
 
 pytest-benchmark's own table shows seconds per *round*; a round of the per-op figures is a loop
 of 1M calls, so there "ms per round" reads as "ns per op". The summary printed after it (by

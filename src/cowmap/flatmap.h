@@ -307,7 +307,9 @@ CM_ALWAYS_INLINE static inline int fm_find(fm_dent d, const cm_probe *p, uint32_
     }
 }
 
-static inline void fm_prefetch(const fm_map *m, uint32_t h) {
+/* Forced inline, as every prefetch helper: out of line GCC deletes its calls
+ * (benches/test_bench_hints.py guards this). */
+CM_ALWAYS_INLINE static inline void fm_prefetch(const fm_map *m, uint32_t h) {
     fm_dent d = m->dir[fm_dir_index(m, h)];
     const cm_entry *e = &fm_dent_e(d)[h & fm_dent_mask(d)];
     CM_PREFETCH(e);
@@ -601,7 +603,7 @@ static int fm_replace(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, i
 
 /* Prefetch stages of a batch item with hash h: 0 its slot, 2 the state a hit
  * will INCREF (when the slot holds the key's hash). Hints only. */
-static inline void fm_hint_at(const fm_map *m, uint32_t h, int stage) {
+CM_ALWAYS_INLINE static inline void fm_hint_at(const fm_map *m, uint32_t h, int stage) {
     if (stage == 0) { fm_prefetch(m, h); return; }
     if (stage != 2) return;
     fm_dent d = m->dir[fm_dir_index(m, h)];
