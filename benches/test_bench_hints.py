@@ -2,17 +2,17 @@
 
 MapState's single-key paths (``get``, ``put``, the async batches) call ``FlatStateMap.prefetch``
 before the work that precedes their lookup (the TTL cleanup step, the clock), so the entry's
-miss overlaps that work. The hint is a few loads and two prefetch instructions; GCC deems such
+miss overlaps that work. The hint is a few loads and prefetch instructions; GCC deems such
 a helper pure and deletes its calls unless it is forced inline. That happened once: the hint
-compiled to nothing, unnoticed, and figure 7 at 50M entries read ~1.9-2.4 instead of ~1.65.
+compiled to nothing, unnoticed, and figure 7 at 50M entries read 1.9-2.4 instead of 1.6-1.9.
 This figure guards against it.
 
 Setup: the "10M" dataset of ``benchlib`` (2M, or 10M with ``COWMAP_BENCH_FULL=1``) put into a
 ``FlatStateMap`` (state = key, namespace 0), far bigger than the caches. Timed, one round =
 200,000 gets of keys in random order; the hinted loop also calls ``prefetch`` on the key four
 gets ahead (its cost is included). The plain loop, identical but for the hint, runs round by
-round between the hinted rounds (in the untimed setup). Target: hinted / plain <= 0.8 (about
-0.65 on the dev box with the hint working, about 1.1 with it compiled out). The same ratio for
+round between the hinted rounds (in the untimed setup). Target: hinted / plain <= 0.8 (0.67-0.78
+on the dev box with the hint working, 1.05 with it compiled out). The same ratio for
 ``CopyOnWriteStateMap.prefetch`` (the chained map: the hint reaches only the bucket slot, so it
 hides one of two dependent misses) is printed as a detail line, with no target.
 """
