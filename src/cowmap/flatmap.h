@@ -314,10 +314,12 @@ CM_ALWAYS_INLINE static inline int fm_find(fm_dent d, const cm_probe *p, uint32_
  * (benches/test_bench_hints.py guards this). */
 CM_ALWAYS_INLINE static inline void fm_prefetch(const fm_map *m, uint32_t h) {
     fm_dent d = m->dir[fm_dir_index(m, h)];
-    const char *e = (const char *)&fm_dent_e(d)[h & fm_dent_mask(d)];
-    CM_PREFETCH(e);
-    CM_PREFETCH(e + 64);
-    CM_PREFETCH(e + 3 * sizeof(cm_entry) - 1);
+    /* integer arithmetic: near a segment's end these addresses lie past its
+     * array, which a prefetch may name but a pointer may not */
+    uintptr_t a = (uintptr_t)&fm_dent_e(d)[h & fm_dent_mask(d)];
+    CM_PREFETCH((const void *)a);
+    CM_PREFETCH((const void *)(a + 64u));
+    CM_PREFETCH((const void *)(a + 3u * sizeof(cm_entry) - 1u));
 }
 
 /* Puts entry e (its references handed over) into fresh segment s, which has room. */
