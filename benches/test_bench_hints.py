@@ -61,8 +61,7 @@ def flat(big):
     for k in big.keys_list:
         put(k, NS, k)
     assert len(m) == big.n
-    yield m
-    del m
+    return m
 
 
 def test_flat_prefetch_hint(benchmark, figures, big, flat):

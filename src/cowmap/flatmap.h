@@ -307,16 +307,21 @@ CM_ALWAYS_INLINE static inline int fm_find(fm_dent d, const cm_probe *p, uint32_
     }
 }
 
+/* The home slot of hash h: where a lookup of h starts probing. */
+static inline const cm_entry *fm_home(const fm_map *m, uint32_t h) {
+    fm_dent d = m->dir[fm_dir_index(m, h)];
+    return &fm_dent_e(d)[h & fm_dent_mask(d)];
+}
+
 /* The lines of the key's home slot and the two after it: at loads up to 3/4
  * linear probing finds a key ~1.5 slots past its home on average (three
  * prefetched entries gave 3.5% off figure 7 at 50M entries against one).
  * Forced inline, as every prefetch helper: out of line GCC deletes its calls
  * (benches/test_bench_hints.py guards this). */
 CM_ALWAYS_INLINE static inline void fm_prefetch(const fm_map *m, uint32_t h) {
-    fm_dent d = m->dir[fm_dir_index(m, h)];
     /* integer arithmetic: near a segment's end these addresses lie past its
      * array, which a prefetch may name but a pointer may not */
-    uintptr_t a = (uintptr_t)&fm_dent_e(d)[h & fm_dent_mask(d)];
+    uintptr_t a = (uintptr_t)fm_home(m, h);
     CM_PREFETCH((const void *)a);
     CM_PREFETCH((const void *)(a + 64u));
     CM_PREFETCH((const void *)(a + 3u * sizeof(cm_entry) - 1u));
@@ -612,8 +617,7 @@ static int fm_replace(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, i
 CM_ALWAYS_INLINE static inline void fm_hint_at(const fm_map *m, uint32_t h, int stage) {
     if (stage == 0) { fm_prefetch(m, h); return; }
     if (stage != 2) return;
-    fm_dent d = m->dir[fm_dir_index(m, h)];
-    const cm_entry *e = &fm_dent_e(d)[h & fm_dent_mask(d)];
+    const cm_entry *e = fm_home(m, h);
     if (fm_used(e) && fm_hash(e) == h) CM_PREFETCH_W(e->state);
 }
 
