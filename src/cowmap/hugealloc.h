@@ -43,7 +43,16 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__linux__)
+/* Under AddressSanitizer blocks come from PyMem_RawMalloc, so an access past
+ * an entry chunk or a bucket page hits a redzone instead of the next block. */
+#if defined(__SANITIZE_ADDRESS__)
+#define CM_HA_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CM_HA_ASAN 1
+#endif
+#endif
+#if defined(__linux__) && !defined(CM_HA_ASAN)
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
