@@ -208,7 +208,7 @@ def _rows() -> list[Row]:
 
 
 def _async_rows() -> list[Row]:
-    """Figures 12-14 (test_bench_async.py)."""
+    """Figures 12-15 (test_bench_async.py)."""
     n = "1M records/100k keys"
     return [
         Row("12", f"async core calls per 1,000 records, {n}", "calls", "async.calls_per_1000",
@@ -221,6 +221,8 @@ def _async_rows() -> list[Row]:
             "async.map.sync_ns_per_record", "sync path, same records", "ratio", 3.0),
         Row("14", "async time with 1 ms per state call, 2k records", "s", "async.latency.time",
             "async.latency.sync_time", "sync path, same latency", "ratio", 0.05),
+        Row("15", "async hot key: 200k records of 1 key", "s", "async.hotkey.time",
+            "async.hotkey.distinct_time", "200k records of distinct keys", "ratio", 3.0),
     ]
 
 

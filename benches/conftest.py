@@ -15,8 +15,8 @@ Figures (one module each; each module's docstring says how it is measured):
 5. ``test_bench_memory.py``   map overhead per entry vs a ``{(key, ns): v}`` dict.
 7.-11. ``test_bench_state.py`` keyed state: MapState with TTL by entries per key, MapState vs
    ValueState, ValueState with/without TTL and vs a dict, backend ``snapshot()`` start.
-12.-14. ``test_bench_async.py`` the async state layer: core calls per record, cost per record
-   vs the sync path, and the time hidden when every state call has a latency.
+12.-15. ``test_bench_async.py`` the async state layer: core calls per record, cost per record
+   vs the sync path, the time hidden when every state call has a latency, and a hot key.
 
 pytest-benchmark's own table shows seconds per *round*; a round of the per-op figures is a loop
 of 1M calls, so there "ms per round" reads as "ns per op". The summary printed after it (by

@@ -14,6 +14,11 @@ module takes ~40 s, so it runs at that size by default, not only with ``COWMAP_B
 14: with a simulated 1 ms round trip per call into the state layer (a remote tier): the sync path
     pays it twice per record, the async path once per vectorised call; 2,000 records. Figure:
     async time / sync time (the inverse of the throughput gain). Target <= 0.05 (>= 20x).
+15: a hot key: ``N_HOT`` records all of one key against as many records of distinct keys, same
+    process function, default controller, interleaved rounds. The records of one key run one at
+    a time (each batch holds one request), so a hand-over to the next waiting record must cost
+    O(1): the figure is hot time / distinct time. Target <= 3 (one record at a time is the
+    floor, about 2x).
 12 and 13 are also measured for MapState: the same records, the key's map holding user key
 ``k % 10``, ``get(u)`` then ``put(u, old + 1)``.
 Figures 12 and 13 are the medians of ``ROUNDS`` (5) interleaved sync/async runs, figure 14
@@ -40,6 +45,7 @@ N_RECORDS = 1_000_000
 N_KEYS = 100_000
 LATENCY_S = 0.001
 N_LATENCY = 2_000
+N_HOT = 200_000
 #: interleaved sync/async runs per figure 12/13 measurement (the sync loop alone varies by ~1.5x
 #: between runs on a shared 2-core machine; a median of 5 is steadier than of 3)
 ROUNDS = 5
@@ -86,10 +92,13 @@ class _RemoteAEC(AsyncExecutionController):
         time.sleep(self.latency * (self.core_calls - before))
 
 
-def _async(keys: list[int], cls: type[AsyncExecutionController] = AsyncExecutionController) -> tuple[float, int]:
+def _async(
+    keys: list[int], cls: type[AsyncExecutionController] = AsyncExecutionController, **kw: Any
+) -> tuple[float, int]:
     b = _fresh_backend()
     s = b.get_state(ValueStateDescriptor("count", default_value=0))
-    aec = cls(b, buffer_timeout_ms=0)
+    kw.setdefault("buffer_timeout_ms", 0)
+    aec = cls(b, **kw)
 
     def fn(_: Any) -> None:
         s.async_value().then_compose(lambda n: s.async_update(n + 1))
@@ -166,3 +175,17 @@ def test_async_vs_sync_with_remote_latency(benchmark: Any, figures: benchlib.Fig
     benchmark.pedantic(lambda: None, rounds=1)
     figures.record("async.latency.time", statistics.median(async_t))
     figures.record("async.latency.sync_time", statistics.median(sync_t))
+
+
+def test_hot_key_vs_distinct_keys(benchmark: Any, figures: benchlib.Figures) -> None:
+    hot, distinct = [7] * N_HOT, list(range(N_HOT))
+    hot_t, distinct_t = [], []
+    for _ in range(3):
+        hot_t.append(_async(hot, buffer_timeout_ms=1000)[0])
+        distinct_t.append(_async(distinct, buffer_timeout_ms=1000)[0])
+    benchmark.pedantic(lambda: None, rounds=1)
+    figures.record("async.hotkey.time", statistics.median(hot_t))
+    figures.record("async.hotkey.distinct_time", statistics.median(distinct_t))
+    figures.detail(
+        "fig 15 rounds, hot/distinct: " + ", ".join(f"{h / d:.2f}" for h, d in zip(hot_t, distinct_t))
+    )

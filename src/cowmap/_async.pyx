@@ -33,12 +33,13 @@ cdef extern from "slots.h":
     object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
     PyObject *cowmap_slot_peek(object obj, cowmap_slot_cache *c)  # borrowed, NULL: use _get
 
-from cowmap._keygroups cimport key_group_in_range, switch_key
+from cowmap._keygroups cimport current_key, current_key_group, key_group_in_range, restore_key, switch_key
 
 import collections
 import enum
-import threading
+import math
 import weakref
+from time import monotonic
 
 cdef class StateFuture
 cdef class RecordContext
@@ -171,7 +172,10 @@ cdef class RecordContext:
     cdef public object priority
     cdef public Py_ssize_t refs
     cdef public bint holds_key
-    cdef bint _waited_for  # holding the key, with other records' requests queued for it
+    cdef bint _waited_for  # holding the key, with other records queued for it
+    # waiting for its key: its requests in order (it is queued once per key, in
+    # AsyncExecutionController._blocking), handed to the active buffer together
+    cdef list _waiting
     cdef object _aec_ref  # a weak reference to the controller (see "GC visibility"), or None
     # set when the record is finished (its count reached 0 and the controller
     # disposed it): it is never referenced or disposed again
@@ -349,13 +353,33 @@ cdef class StateFuture:
         return self._result
 
     def complete(self, value):
-        """Complete with ``value``; callable from any thread (callbacks run on the task thread)."""
+        """Complete with ``value``; callable from any thread (callbacks run on the task thread).
+
+        Only a source future (made with ``StateFuture()``) is completed by hand:
+        the future of an async state call is completed by its batch (by hand only
+        once its controller is gone), and one made by ``then_*`` by its step
+        (RuntimeError)."""
+        self._check_completable()
         self._finish(value, None)
 
     def complete_exceptionally(self, exc):
+        """Fail with ``exc``; the same rules as :meth:`complete`."""
         if not isinstance(exc, BaseException):
             raise TypeError(f"expected an exception, not {type(exc).__name__}")
+        self._check_completable()
         self._finish(None, exc)
+
+    cdef int _check_completable(self) except -1:
+        # completing a request by hand would finish its record while the request
+        # still runs later and writes; a derived future would complete twice
+        if self._kind == K_REQUEST and _controller_of(<RecordContext>self._ctx) is not None:
+            raise RuntimeError(
+                f"cannot complete the future of an async state request ({_rq_op(self)!r}) by hand: "
+                "its batch completes it"
+            )
+        if self._kind != K_SOURCE and self._kind != K_REQUEST:
+            raise RuntimeError("cannot complete a future made by then_* by hand: its step completes it")
+        return 0
 
     def _finish(self, value, exc):
         mb = self._mailbox
@@ -777,6 +801,9 @@ class StateFutureUtils:
 # ------------------------------------------------------------ the controller
 
 _SYNC_POINT = "sync_point"
+#: the longest buffer timeout taken (about 24.8 days, Java's int milliseconds):
+#: anything longer is a mistake, and would overflow the wait of the task thread
+_MAX_TIMEOUT_MS = 2**31 - 1
 cdef tuple _NO_ARGS = ()
 
 # The request types of the state methods, by name: a request's op is one of
@@ -862,9 +889,10 @@ cdef class AsyncExecutionController:
     """
 
     cdef public object backend
-    cdef public Py_ssize_t batch_size
-    cdef public object buffer_timeout_ms
-    cdef public Py_ssize_t max_in_flight_records
+    cdef Py_ssize_t _batch_size
+    cdef object _buffer_timeout_ms
+    cdef double _timeout_s  # buffer_timeout_ms in seconds; 0: no timeout
+    cdef Py_ssize_t _max_in_flight
     cdef public object epoch_mode
     cdef public object mailbox
     cdef public Py_ssize_t batches_run
@@ -872,7 +900,7 @@ cdef class AsyncExecutionController:
     cdef public Py_ssize_t core_calls
     cdef RecordContext _current
     cdef list _active
-    cdef dict _blocking
+    cdef dict _blocking  # key -> deque of the records waiting for it, in hand-over order
     cdef dict _holders
     cdef Py_ssize_t _in_flight
     cdef _Epoch _epoch
@@ -881,6 +909,11 @@ cdef class AsyncExecutionController:
     cdef Py_ssize_t _wave_seq
     cdef unsigned long _task_thread
     cdef object _self_ref  # weakref.ref(self): what contexts and the backend hold
+    # the buffer timeout: at most one timed mail pending (_timer_armed), which
+    # runs the active buffer if it is older than its deadline, else waits again
+    cdef bint _timer_armed
+    cdef bint _running  # a batch is running (trigger): no other starts inside it
+    cdef double _batch_deadline
     cdef object __weakref__
     # the first exception a user callback raised in the batch being run (it is
     # raised once the whole batch ran) and the first the controller ever saw
@@ -890,24 +923,21 @@ cdef class AsyncExecutionController:
 
 
     def __init__(self, backend, batch_size=1000, buffer_timeout_ms=1000, max_in_flight_records=6000, epoch_mode=EpochMode.SERIAL_BETWEEN_EPOCH, mailbox=None):
-        for name, v in (("batch_size", batch_size), ("max_in_flight_records", max_in_flight_records)):
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if not isinstance(buffer_timeout_ms, (int, float)) or buffer_timeout_ms < 0:
-            raise ValueError(f"buffer_timeout_ms must be >= 0, got {buffer_timeout_ms!r}")
         if not isinstance(epoch_mode, EpochMode):
             raise TypeError(f"epoch_mode must be an EpochMode, not {type(epoch_mode).__name__}")
         if not callable(getattr(backend, "set_current_key", None)):
             raise TypeError(f"backend must be a KeyedStateBackend, not {type(backend).__name__}")
-        self.backend = backend
         self.batch_size = batch_size
-        self.buffer_timeout_ms = buffer_timeout_ms
         self.max_in_flight_records = max_in_flight_records
-        self.epoch_mode = epoch_mode
+        self.buffer_timeout_ms = buffer_timeout_ms
         if mailbox is None:
             from cowmap.asyncstate.mailbox import Mailbox
 
             mailbox = Mailbox()
+        elif not callable(getattr(mailbox, "post_delayed", None)):
+            raise TypeError(f"mailbox must be a Mailbox (with post_delayed), not {type(mailbox).__name__}")
+        self.backend = backend
+        self.epoch_mode = epoch_mode
         self.mailbox = mailbox
         self._task_thread = mailbox._task_thread  # the mailbox's task thread is ours
         self._current = None
@@ -939,14 +969,53 @@ cdef class AsyncExecutionController:
                 _track_tree(<StateFuture>r)
         if self._blocking is not None:
             for q in self._blocking.values():
-                for r in q:
-                    _track_tree(<StateFuture>r)
+                for ctx in q:
+                    _track(ctx)
+                    for r in (<RecordContext>ctx)._waiting:
+                        _track_tree(<StateFuture>r)
         if self._holders is not None:
             for ctx in self._holders.values():
                 _track(ctx)
         if self._current is not None:
             _track(self._current)
         return 0
+
+    # ------------------------------------------------------------ settings
+
+    @property
+    def batch_size(self):
+        """Requests per batch: a full active buffer runs at once."""
+        return self._batch_size
+
+    @batch_size.setter
+    def batch_size(self, v):
+        _positive_int("batch_size", v)
+        self._batch_size = v
+
+    @property
+    def max_in_flight_records(self):
+        """Back pressure: ``process`` runs batches while this many records are in flight."""
+        return self._max_in_flight
+
+    @max_in_flight_records.setter
+    def max_in_flight_records(self, v):
+        _positive_int("max_in_flight_records", v)
+        self._max_in_flight = v
+
+    @property
+    def buffer_timeout_ms(self):
+        """A non-full batch runs this long after its first request, when the task
+        thread next runs its mailbox (0: only when full or drained)."""
+        return self._buffer_timeout_ms
+
+    @buffer_timeout_ms.setter
+    def buffer_timeout_ms(self, v):
+        if type(v) is bool or not isinstance(v, (int, float)):
+            raise TypeError(f"buffer_timeout_ms must be a number of milliseconds, not {type(v).__name__}")
+        if not (0 <= v <= _MAX_TIMEOUT_MS):  # (False for nan)
+            raise ValueError(f"buffer_timeout_ms must be within 0..{_MAX_TIMEOUT_MS} (0: no timeout), got {v!r}")
+        self._buffer_timeout_ms = v
+        self._timeout_s = v / 1000.0
 
     # ------------------------------------------------------------ gauges
 
@@ -960,7 +1029,8 @@ cdef class AsyncExecutionController:
 
     @property
     def blocking_size(self):
-        return sum(len(q) for q in self._blocking.values())
+        """Requests waiting for their key."""
+        return sum(len((<RecordContext>ctx)._waiting) for q in self._blocking.values() for ctx in q)
 
     @property
     def blocked_keys(self):
@@ -987,7 +1057,9 @@ cdef class AsyncExecutionController:
         if type(priority) is not int and not isinstance(priority, int):
             # compared when a busy key is handed over (_dispose): too late to fail there
             raise TypeError(f"priority must be an int, not {type(priority).__name__}")
-        while self._in_flight >= self.max_in_flight_records:
+        # back pressure, except inside a running batch (a callback's records): that
+        # batch is the progress, and none can start inside it (see trigger)
+        while self._in_flight >= self._max_in_flight and not self._running:
             if not self._make_progress():
                 raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")
         backend = self.backend
@@ -1006,15 +1078,19 @@ cdef class AsyncExecutionController:
         previous = self._current
         self._current = ctx
         try:
-            fn(record)
-        except BaseException:
-            self._track_in_flight()  # the record's processing fails (see trigger)
-            raise
+            try:
+                fn(record)
+            except BaseException:
+                self._track_in_flight()  # the record's processing fails (see trigger)
+                raise
+            finally:
+                self._current = previous
+                _release_record(ctx)
+            if len(self._active) >= self._batch_size:
+                self.trigger()
         finally:
-            self._current = previous
-            _release_record(ctx)
-        if len(self._active) >= self.batch_size:
-            self.trigger()
+            if previous is not None:  # nested in another record's code: its key again
+                _restore_key(self, previous)
 
     def handle_request(self, state, op, *args):
         """Queue a request of the current record; a future of its result."""
@@ -1045,11 +1121,14 @@ cdef class AsyncExecutionController:
         req._one_arg = one_arg
         if ctx.holds_key or self._try_occupy(ctx):
             self._insert_active(req)
+        elif ctx._waiting is not None:  # queued for the key already
+            ctx._waiting.append(req)
         else:
+            ctx._waiting = [req]
             q = self._blocking.get(ctx.key)
             if q is None:
                 q = self._blocking[ctx.key] = collections.deque()
-            q.append(req)
+            _enqueue(q, ctx)
         return req
 
     def sync_point(self, callback):
@@ -1071,7 +1150,7 @@ cdef class AsyncExecutionController:
             return self._complete(req, None, None)
         active = self._active
         active.append(req)
-        if len(active) == 1 and self.buffer_timeout_ms > 0:
+        if len(active) == 1 and self._timeout_s > 0:
             self._arm_timeout()
         return 0
 
@@ -1082,22 +1161,18 @@ cdef class AsyncExecutionController:
         self._in_flight -= 1
         if ctx.holds_key:
             ctx.holds_key = False
-            del self._holders[ctx.key]
             q = self._blocking.get(ctx.key) if ctx._waited_for else None
-            if q:  # the next record of this key takes it, with all its waiting requests
-                nxt = (<StateFuture>q[0])._ctx
-                for r in q:  # the first of the highest priority
-                    if (<RecordContext?>(<StateFuture>r)._ctx).priority > (<RecordContext?>nxt).priority:
-                        nxt = (<StateFuture>r)._ctx
-                self._holders[ctx.key] = nxt
-                (<RecordContext?>nxt).holds_key = True
-                mine = [r for r in q if (<StateFuture>r)._ctx is nxt]
-                rest = [r for r in q if (<StateFuture>r)._ctx is not nxt]
-                (<RecordContext?>nxt)._waited_for = bool(rest)
-                if rest:
-                    self._blocking[ctx.key] = collections.deque(rest)
-                else:
+            if not q:
+                del self._holders[ctx.key]
+            else:  # the next record of this key takes it, with all its waiting requests: O(1)
+                nxt = <RecordContext>q.popleft()
+                if not q:
                     del self._blocking[ctx.key]
+                self._holders[ctx.key] = nxt
+                nxt.holds_key = True
+                nxt._waited_for = bool(q)
+                mine = nxt._waiting
+                nxt._waiting = None
                 for r in mine:
                     # a sync point runs here: if its callback raises, the record's
                     # other requests and this one's epoch are still seen to
@@ -1122,6 +1197,9 @@ cdef class AsyncExecutionController:
         A batch runs in waves so each (state table, key) sees its requests in order;
         within a wave the requests of one state and type go to the state in one
         vectorised call where it has one (``_batch_<op>``), else one by one.
+        Called from a callback of the batch running, it runs nothing (returns 0):
+        the requests wait for the next batch, so a record's requests run in the
+        order it made them.
 
         An exception raised by a callback (user code run as a request completes)
         does not abandon the batch: every request of the batch still runs and
@@ -1135,7 +1213,10 @@ cdef class AsyncExecutionController:
         cdef Py_ssize_t n
         self._check_thread()
         batch = self._active
-        if not batch:
+        if not batch or self._running:
+            # (called from a callback of the batch running: a batch started here
+            # could run a record's new request before its older one, still queued
+            # in a later wave of the running batch; the next batch runs it)
             return 0
         self._active = []
         self._buffer_seq += 1
@@ -1143,6 +1224,10 @@ cdef class AsyncExecutionController:
         n = len(batch)
         self.requests_run += n
         self._batch_error = None
+        backend = self.backend
+        key = current_key(backend)  # what the caller's state views point at, put back after
+        kg = current_key_group(backend)
+        self._running = True
         try:
             while batch:
                 batch = self._run_wave(batch)
@@ -1151,6 +1236,9 @@ cdef class AsyncExecutionController:
             for r in batch:
                 _track_tree(<StateFuture>r)
             raise
+        finally:
+            self._running = False
+            restore_key(backend, key, kg)
         exc = self._batch_error
         if exc is not None:
             self._batch_error = None
@@ -1224,6 +1312,7 @@ cdef class AsyncExecutionController:
         Every request of the group completes even if a callback raises; the
         first exception is raised after the last one (see trigger)."""
         cdef StateFuture first, req
+        cdef RecordContext ctx
         cdef Py_ssize_t i, n
         cdef object error = None
         if type(reqs) is not list or not reqs:
@@ -1233,13 +1322,18 @@ cdef class AsyncExecutionController:
             _as_request((<list>reqs)[i])
         first = <StateFuture>(<list>reqs)[0]
         state = _rq_state(first)
-        vector = getattr(state, _batch_name(_rq_op(first)), None) if state is not None else None
+        # a single request runs as one by one: its batch form would cost more
+        # (a hot key's records run one at a time, in batches of one request)
+        vector = getattr(state, _batch_name(_rq_op(first)), None) if state is not None and n > 1 else None
         if vector is not None:
             failed = None
             try:
                 results = vector(reqs)
-            except Exception as exc:  # the whole call failed: fail every request of it
-                failed = exc
+            except Exception:
+                # one bad request (an unhashable user key, say) must not fail the
+                # others: run them one by one, each with its own outcome. (A batch
+                # form writes only what its requests write one by one, so running
+                # a request again after a partial batch gives the same state.)
                 results = None
             if results is not None:
                 if type(results) is not list:
@@ -1249,7 +1343,7 @@ cdef class AsyncExecutionController:
                         f"{type(state).__name__}.{_batch_name(_rq_op(first))} returned {len(<list>results)} results "
                         f"for {n} requests"
                     )
-            if failed is not None or results is not None:
+            if results is not None:
                 self.core_calls += 1
                 for i in range(n):
                     error = self._complete_noting(
@@ -1262,12 +1356,10 @@ cdef class AsyncExecutionController:
             req = <StateFuture>(<list>reqs)[i]
             self.core_calls += 1
             failed = None
+            ctx = <RecordContext?>req._ctx
             try:
-                backend.set_current_key((<RecordContext?>req._ctx).key)
-                if state._ns is not _rq_ns(req):
-                    state.set_current_namespace(_rq_ns(req))
-                method = getattr(state, _rq_op(req))
-                value = method(req._fn3) if req._one_arg else method(*req._fn3)
+                switch_key(backend, ctx.key, ctx.key_group)  # (validated by process)
+                value = _call_in_namespace(state, req)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 value = None
                 failed = exc
@@ -1299,6 +1391,8 @@ cdef class AsyncExecutionController:
             req._set(value, exc)  # on the task thread already
         finally:
             self._current = previous
+            if previous is not None:  # (completed inside another record's code)
+                _restore_key(self, <RecordContext>previous)
         return 0
 
     cdef int _step_in_record(self, StateFuture f, StateFuture src) except -1:
@@ -1313,23 +1407,33 @@ cdef class AsyncExecutionController:
             f._step(src)
         finally:
             self._current = previous
+            if previous is not None:
+                _restore_key(self, <RecordContext>previous)
         return 0
 
-    def _arm_timeout(self):
-        seq = self._buffer_seq
-        mailbox = self.mailbox
-        ref = self._self_ref  # a pending timer does not keep the controller alive
+    cdef int _arm_timeout(self) except -1:
+        """A batch starts: it runs ``buffer_timeout_ms`` from now. One timed mail
+        serves every batch: if one is pending, it finds this deadline when it fires."""
+        self._batch_deadline = monotonic() + self._timeout_s
+        if not self._timer_armed:
+            self._post_timeout(self._timeout_s)
+        return 0
 
-        def fire():
-            mailbox.post(lambda: _on_timeout(ref, seq))
+    cdef int _post_timeout(self, double delay) except -1:
+        ref = self._self_ref  # a pending mail does not keep the controller alive
+        self.mailbox.post_delayed(delay, lambda: _on_timeout(ref))
+        self._timer_armed = True
+        return 0
 
-        timer = threading.Timer(self.buffer_timeout_ms / 1000.0, fire)
-        timer.daemon = True
-        timer.start()
-
-    def _on_timeout(self, seq):
-        """Run the batch buffered at sequence ``seq`` if it has not run yet."""
-        if seq == self._buffer_seq and self._active:  # else that batch already ran
+    def _on_timeout(self):
+        """The timed mail: run the active buffer if its deadline has passed, else wait for it."""
+        self._timer_armed = False
+        if not self._active or self._timeout_s <= 0:
+            return
+        left = self._batch_deadline - monotonic()
+        if left > 0:  # a later batch than the one that armed the mail
+            self._post_timeout(left)
+        else:
             self.trigger()
 
     def _make_progress(self):
@@ -1344,8 +1448,31 @@ cdef class AsyncExecutionController:
         An exception from a batch or a mail propagates (see :meth:`trigger`). Once
         one has, records its failing chain left unfinished never finish: when
         nothing else can run, drain raises a RuntimeError from that first failure
-        rather than wait for ever (the task has failed, as in Flink)."""
+        rather than wait for ever (the task has failed, as in Flink).
+
+        Not from inside a record's processing or a future's callback
+        (RuntimeError): that record is in flight until its code returns, so
+        drain would wait for ever. The current key is put back after."""
         self._check_thread()
+        self._check_not_in_record("drain()")
+        backend = self.backend
+        key = current_key(backend)
+        kg = current_key_group(backend)
+        try:
+            self._drain(timeout)
+        finally:
+            restore_key(backend, key, kg)
+
+    cdef int _check_not_in_record(self, str what) except -1:
+        if self._current is not None:
+            raise RuntimeError(
+                f"{what} called inside the processing or a callback of the record of key "
+                f"{self._current.key!r}: it would wait for that record, which cannot finish "
+                "before the call returns"
+            )
+        return 0
+
+    def _drain(self, timeout):
         while self._in_flight:
             try:
                 progressed = self._make_progress()
@@ -1369,9 +1496,14 @@ cdef class AsyncExecutionController:
         ``final_action`` run once every earlier record is done (and later records
         wait for that); in parallel mode ``trigger_action`` runs now and
         ``final_action`` after the earlier records. ``mode`` overrides the
-        controller's ``epoch_mode`` for this call."""
+        controller's ``epoch_mode`` for this call. A serial one waits, so it cannot
+        be called inside a record's processing or callback (RuntimeError)."""
         self._check_thread()
         mode = self.epoch_mode if mode is None else mode
+        if not isinstance(mode, EpochMode):
+            raise TypeError(f"mode must be an EpochMode, not {type(mode).__name__}")
+        if mode is EpochMode.SERIAL_BETWEEN_EPOCH:
+            self._check_not_in_record("process_non_record() in serial mode")
         ep = self._epoch
         ep.closed = True
         if mode is EpochMode.SERIAL_BETWEEN_EPOCH:
@@ -1415,10 +1547,55 @@ cdef int _track_if_kept(list group) except -1:
     return 0
 
 
-def _on_timeout(ref, seq):
+cdef int _positive_int(str name, v) except -1:
+    if type(v) is bool or not isinstance(v, int):
+        raise TypeError(f"{name} must be an int, not {type(v).__name__}")
+    if v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return 0
+
+
+cdef inline int _restore_key(AsyncExecutionController aec, RecordContext ctx) except -1:
+    """Make ``ctx``'s key current again after code that ran other records' (a nested
+    record, a batch): code of a record always sees its own key."""
+    backend = aec.backend
+    if current_key(backend) is not ctx.key:
+        restore_key(backend, ctx.key, ctx.key_group)
+    return 0
+
+
+cdef int _enqueue(object q, RecordContext ctx) except -1:
+    """Queue ``ctx`` for its key after every waiting record of the same or a higher
+    priority: O(1) when priorities are equal (from the tail otherwise)."""
+    cdef Py_ssize_t i = len(q)
+    if i == 0 or (<RecordContext>q[i - 1]).priority >= ctx.priority:
+        q.append(ctx)
+        return 0
+    while i > 0 and (<RecordContext>q[i - 1]).priority < ctx.priority:
+        i -= 1
+    q.insert(i, ctx)
+    return 0
+
+
+cdef object _call_in_namespace(state, StateFuture req):
+    """Run request ``req``'s method on the view ``state`` in the request's namespace;
+    the view's own namespace (the user's choice) is put back before any callback runs."""
+    ns = _rq_ns(req)
+    own = _state_slot(state, _NS, &_ns_slot, "async state requests")
+    method = getattr(state, _rq_op(req))
+    if own is ns:
+        return method(req._fn3) if req._one_arg else method(*req._fn3)
+    state.set_current_namespace(ns)
+    try:
+        return method(req._fn3) if req._one_arg else method(*req._fn3)
+    finally:
+        state.set_current_namespace(own)
+
+
+def _on_timeout(ref):
     aec = ref()
     if aec is not None:  # (else the controller is gone, and its batch with it)
-        aec._on_timeout(seq)
+        aec._on_timeout()
 
 
 cdef cowmap_slot_cache _t_slot

@@ -91,7 +91,7 @@ cdef str _CLEANUPS = "_record_cleanups"
 cdef str _MAXP = "max_parallelism"
 cdef str _LO = "_lo"
 cdef str _HI = "_hi"
-cdef cowmap_slot_cache _key_set, _kg_set, _cleanups_get
+cdef cowmap_slot_cache _key_set, _kg_set, _key_get, _kg_get, _cleanups_get
 cdef cowmap_slot_cache _maxp_get, _lo_get, _hi_get
 
 
@@ -106,6 +106,22 @@ cdef int switch_key(object backend, object key, object key_group) except -1:
         for t in cleanups:
             t.cleanup_step()
     return 0
+
+
+cdef int restore_key(object backend, object key, object key_group) except -1:
+    """Make ``key`` current on ``backend`` again after code that switched keys
+    (a batch, a nested record): no record starts, so no cleanup step runs."""
+    cowmap_slot_set(backend, _KEY, &_key_set, key)
+    cowmap_slot_set(backend, _KG, &_kg_set, key_group)
+    return 0
+
+
+cdef object current_key(object backend):
+    return cowmap_slot_get(backend, _KEY, &_key_get)
+
+
+cdef object current_key_group(object backend):
+    return cowmap_slot_get(backend, _KG, &_kg_get)
 
 
 cdef object key_group_in_range(object backend, object key):

@@ -356,18 +356,21 @@ def test_a_hidden_function_in_a_cycle_is_collected(end: str) -> None:
     assert payloads and all(p() is None for p in payloads)
 
 
-def test_a_future_completed_by_hand_shows_its_hidden_function() -> None:
-    """Completing a derived future by hand (it never runs its step) tracks it and the
-    function it hid."""
+def test_a_derived_future_refused_by_hand_keeps_its_function_hidden_until_its_step() -> None:
+    """A derived future cannot be completed by hand (its step does it): the refused
+    attempt leaves the function it hid hidden, and the step shows it."""
     b = KeyedStateBackend()
-    s = b.get_state(ValueStateDescriptor("c"))
+    s = b.get_state(ValueStateDescriptor("c", default_value=7))
     aec = AsyncExecutionController(b, buffer_timeout_ms=0)
     held: list[Any] = []
     fn = lambda v: v  # noqa: E731
     aec.process("k", lambda _: held.append(s.async_value().then_apply(fn)))
     (derived,) = held
     assert not gc.is_tracked(fn)
-    derived.complete(7)
+    with pytest.raises(RuntimeError, match="then_"):
+        derived.complete(7)
+    assert not gc.is_tracked(fn) and not derived.is_done()
+    aec.drain()
     assert derived.get() == 7 and gc.is_tracked(fn) and gc.is_tracked(derived)
 
 
