@@ -530,7 +530,7 @@ def test_reference_counts_of_values_and_functions_stay_flat() -> None:
 
 def test_batch_helpers_and_run_group_reject_bad_requests() -> None:
     from cowmap.asyncstate import StateFuture
-    from cowmap._async import map_contexts, positions, replace_all, request_args, request_columns
+    from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
 
     backend, count, aec = make(batch_size=100)
     reqs: list[Any] = []
@@ -746,7 +746,7 @@ def test_a_record_composing_a_future_completed_on_another_thread_finishes_on_the
 
 
 def test_bad_requests_and_arguments_are_type_errors_naming_the_problem() -> None:
-    from cowmap import _async
+    from cowmap import _requests
     from cowmap.asyncstate import StateFuture, StateFutureUtils
 
     backend, count, aec = make()
@@ -762,7 +762,7 @@ def test_bad_requests_and_arguments_are_type_errors_naming_the_problem() -> None
     assert futures[0].get() == 0
     assert_quiet(aec)
     with pytest.raises(TypeError, match="async state methods need a state, not int"):
-        _async.async_value(5)
+        _requests.async_value(5)
     with pytest.raises(TypeError, match="then_combine's other must be a StateFuture, not int"):
         StateFuture().then_combine(5, lambda a, b: a)
     with pytest.raises(TypeError, match="combine_all's input must be a StateFuture, not int"):

@@ -10,10 +10,16 @@ from typing import Any
 
 import pytest
 
-from cowmap._async import StateFuture, StateFutureUtils, async_value
+from cowmap._future import StateFuture, StateFutureUtils, gc_hiding
+from cowmap._requests import async_value
 from cowmap._core import multi_get, multi_put, multi_replace
 from cowmap.asyncstate import AsyncExecutionController
 from cowmap.state import KeyedStateBackend, State, ValueStateDescriptor
+
+
+#: whether in-flight objects are hidden from the GC in this process (the default;
+#: tests/asyncstate also runs with the hiding off, see test_gc_hiding_switch.py)
+HIDDEN = gc_hiding()
 
 
 def _setup() -> tuple[KeyedStateBackend, AsyncExecutionController, Any]:
@@ -149,7 +155,7 @@ def test_controllers_over_backend_subclasses_count_per_key(cls: type[KeyedStateB
 
 
 # ---------------------------------------------------------------- GC visibility
-# In-flight futures and contexts are untracked by the cyclic GC (see _async.pyx,
+# In-flight futures and contexts are untracked by the cyclic GC (see _future.pyx,
 # "GC visibility"); these check that nothing is freed early and nothing leaks.
 
 
@@ -311,7 +317,7 @@ def test_callback_functions_are_hidden_while_in_flight_and_shown_after() -> None
     for k in range(50):
         aec.process(k, fn)
     assert aec.active_size == 50  # nothing ran yet: every chain is in flight
-    assert not any(gc.is_tracked(f) or gc.is_tracked(f.__closure__) for f in fns)
+    assert all(gc.is_tracked(f) == gc.is_tracked(f.__closure__) == (not HIDDEN) for f in fns)
     gc.collect()  # a collection while they are hidden frees nothing
     aec.drain()
     assert all(gc.is_tracked(f) and gc.is_tracked(f.__closure__) for f in fns)
@@ -366,10 +372,10 @@ def test_a_derived_future_refused_by_hand_keeps_its_function_hidden_until_its_st
     fn = lambda v: v  # noqa: E731
     aec.process("k", lambda _: held.append(s.async_value().then_apply(fn)))
     (derived,) = held
-    assert not gc.is_tracked(fn)
+    assert gc.is_tracked(fn) == (not HIDDEN)
     with pytest.raises(RuntimeError, match="then_"):
         derived.complete(7)
-    assert not gc.is_tracked(fn) and not derived.is_done()
+    assert gc.is_tracked(fn) == (not HIDDEN) and not derived.is_done()
     aec.drain()
     assert derived.get() == 7 and gc.is_tracked(fn) and gc.is_tracked(derived)
 
@@ -378,13 +384,13 @@ def test_futures_and_contexts_made_from_python_are_tracked() -> None:
     """The controller's own futures and contexts are born untracked (untracked.h);
     made from Python, they are tracked, recycled ones come out clean, and a Python
     subclass gets CPython's own allocation."""
-    from cowmap._async import RecordContext
+    from cowmap._future import RecordContext
 
     b, aec, s = _setup()
     inflight: list[Any] = []
     for k in range(300):  # fills the pools once these complete and go
         aec.process(k, lambda _: inflight.append(s.async_value()))
-    assert not any(gc.is_tracked(f) or gc.is_tracked(f._ctx) for f in inflight)
+    assert all(gc.is_tracked(f) == gc.is_tracked(f._ctx) == (not HIDDEN) for f in inflight)
     del inflight
     aec.drain()
 
@@ -404,7 +410,7 @@ def test_futures_made_with_new_are_tracked_and_cannot_be_copied() -> None:
     import copy
     import pickle
 
-    from cowmap._async import RecordContext
+    from cowmap._future import RecordContext
 
     assert gc.is_tracked(StateFuture.__new__(StateFuture))
     assert gc.is_tracked(RecordContext.__new__(RecordContext))

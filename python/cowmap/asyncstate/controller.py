@@ -15,13 +15,14 @@ Flink 2.x's AEC (FLIP-425) over cowmap's keyed state, single task thread:
 - ``process_non_record`` (watermarks, timers) runs its actions after the records
   before it, as Flink's epochs do.
 
-The controller is compiled (``src/cowmap/_async.pyx``) with the futures and
-contexts it drives. A batch hands the requests of one state and type to that state in one call:
+The controller is compiled (``src/cowmap/_controller.pyx``; the futures and
+contexts it drives are in ``_future.pyx``). A batch hands the requests of one state and type to that state in one call:
 ValueState reads and writes go to the core as one multi-map call
 (``multi_get`` / ``multi_put``); other requests still run one by one through
 the synchronous methods, with exactly their semantics.
 """
 
-from cowmap._async import AsyncExecutionController, EpochMode, RecordContext
+from cowmap._controller import AsyncExecutionController, EpochMode
+from cowmap._future import RecordContext
 
 __all__ = ["AsyncExecutionController", "EpochMode", "RecordContext"]

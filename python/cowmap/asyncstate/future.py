@@ -12,7 +12,7 @@ in Flink's ``ContextStateFutureImpl`` it holds one reference until it
 completes and one per registered callback until that callback has run, so the
 context lives exactly as long as work of its record is pending.
 
-Both classes are compiled (``src/cowmap/_async.pyx``): they are on the hot
+Both classes are compiled (``src/cowmap/_future.pyx``): they are on the hot
 path of every async request.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from cowmap._async import StateFuture, StateFutureUtils
+from cowmap._future import StateFuture, StateFutureUtils
 
 __all__ = ["RecordContextLike", "StateFuture", "StateFutureUtils"]
 

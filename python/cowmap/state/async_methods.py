@@ -5,7 +5,7 @@ with the backend) for the record being processed, and returns a
 ``StateFuture``; the request runs the synchronous method, with its TTL
 semantics, when the controller runs its batch.
 
-The twins are compiled functions (``src/cowmap/_async.pyx``) bound here as
+The twins are compiled functions (``src/cowmap/_requests.pyx``) bound here as
 methods: a request is one C call from the user's code to the controller.
 Those completing with a ``StateIterator`` wrap the compiled request here.
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cowmap import _async
-from cowmap._async import request as _request
+from cowmap import _requests as _async
+from cowmap._requests import request as _request
 
 if TYPE_CHECKING:
     from cowmap.asyncstate.future import StateFuture

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Mapping
 
-from cowmap._async import map_contexts, positions, replace_all, request_args, request_columns
+from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
 from cowmap._core import (
     EXPIRED,
     NO_TIMESTAMP,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cowmap._async import positions, replace_all, request_args, request_columns
+from cowmap._requests import positions, replace_all, request_args, request_columns
 from cowmap._core import EXPIRED, NO_TIMESTAMP, multi_get, multi_put
 from cowmap.state.async_methods import AsyncValueMethods
 from cowmap.state.table import State, StateTable
