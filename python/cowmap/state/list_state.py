@@ -115,30 +115,39 @@ class ListState(AsyncListMethods, State):
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         """Append the lists of ``sources`` (removed) to the list of ``target``,
-        elements keeping their timestamps."""
-        t = self._t
-        b = self._b
+        elements keeping their timestamps (Flink's ``mergeNamespaces``).
+
+        A target among the sources has its own list merged at its place there;
+        a namespace given twice counts once. All arguments are checked before
+        anything changes: TypeError for a target or source that is None or
+        unhashable or ``sources`` that is no iterable of namespaces,
+        RuntimeError without a current key. O(elements merged).
+        """
+        srcs = self._merge_sources(target, sources)
         m = self._current_map()
-        if m is None:
+        if m is None or not srcs:
             return
-        key = b._key
+        key = self._b._key
         merged: list[Any] = []
-        for src in sources:
-            if src is not None:
-                lst = m.remove_and_get_old(key, src)
-                if lst:
-                    merged.extend(lst)
+        for src in srcs:
+            lst = m.get(key, src)
+            if lst:
+                merged.extend(lst)
+        # nothing below runs user code: remove and write
+        for src in srcs:
+            m.remove(key, src)
         if not merged:
             return
-        lst = m.get(key, target)
+        lst = None if target in srcs else m.get(key, target)
+        ttl = self._t.ttl
         if lst is None:
-            if t.ttl:
+            if ttl:
                 m.put(key, target, merged, max(merged[1::2]))
             else:
                 m.put(key, target, merged)
         else:
             lst.extend(merged)
-            if t.ttl:
+            if ttl:
                 m.set_timestamp(key, target, max(lst[1::2]))
 
 

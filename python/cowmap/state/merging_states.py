@@ -65,21 +65,74 @@ class _MergingState(AsyncMergingMethods, State):
     def _combine(self, a: Any, b: Any) -> Any:
         raise NotImplementedError
 
-    def _merge_ttl(self, a: Any, b: Any, now: int) -> tuple[Any, int] | None:
+    def _merge_ttl(
+        self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
+    ) -> tuple[Any, int] | None:
         """Flink's TTL-wrapped merge of two unexpired-or-``_ABSENT`` accumulators."""
         raise NotImplementedError
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         """Merge the accumulators of ``sources`` (removed) into ``target``, as
-        Flink's ``AbstractHeapMergingState.mergeNamespaces`` does."""
+        Flink's ``AbstractHeapMergingState.mergeNamespaces`` does: the sources
+        folded in order, then ``merge(target's, folded)``.
+
+        A target among the sources has its own accumulator merged at its place
+        there; a namespace given twice counts once. All arguments are checked
+        before anything changes: TypeError for a target or source that is None
+        or unhashable or ``sources`` that is no iterable of namespaces,
+        RuntimeError without a current key.
+
+        Atomic: the result is computed before the state is written, and the
+        reduce/merge function only ever changes copies (made with the
+        descriptor's copier) of the stored accumulators, so if it raises the
+        state is as before. The function may read this state (it sees the
+        state before the merge) but must not change it: changes to the target
+        or the sources are replaced by the merge's result, and calling
+        ``merge_namespaces`` of this state from it raises RuntimeError.
+        O(sources) calls of the function, plus a copy of each stored
+        accumulator it is to change (free for immutable accumulators).
+        """
+        srcs = self._merge_sources(target, sources)
         t = self._t
-        b = self._b
         m = self._current_map()
-        if m is None:
+        if m is None or not srcs:
             return
-        key = b._key
+        if t.merging:
+            raise RuntimeError(
+                f"merge_namespaces of state {t.name!r} called from its own reduce/merge function"
+            )
+        key = self._b._key  # the function may switch keys: the merge stays with this one
+        t.merging = True
+        try:
+            result = self._merged(m, key, target, srcs)
+        finally:
+            t.merging = False
+        if result is _ABSENT:
+            return
+        # nothing below runs user code: write the target, remove the sources
+        for src in srcs:
+            m.remove(key, src)
+        if result is None or result[0] is None:
+            m.remove(key, target)
+        elif t.ttl:
+            m.put(key, target, result[0], result[1])
+        else:
+            m.put(key, target, result[0])
+
+    def _merged(self, m: CopyOnWriteStateMap, key: Any, target: Any, srcs: dict[Any, None]) -> Any:
+        """The ``(accumulator, ts)`` (or None: no accumulator) that merging
+        ``srcs`` into ``target`` leaves in ``target`` of ``key``; ``_ABSENT`` when
+        no source has one. Changes nothing in ``m``."""
+        t = self._t
         ttl = t.ttl
-        now = b.now() if ttl else 0
+        now = self._b.now() if ttl else 0
+        copy = t.copy_value
+        read: list[Any] = []  # the stored accumulators, held so their ids stay theirs
+        stored: set[int] = set()
+
+        def combine(a: Any, b: Any) -> Any:
+            # the function may change its first argument: never a stored one
+            return self._combine(copy(a) if id(a) in stored else a, b)
 
         def unexpired(tv: tuple[Any, int]) -> Any:
             v, ts = tv
@@ -89,30 +142,25 @@ class _MergingState(AsyncMergingMethods, State):
 
         def merge(a: tuple[Any, int], c: tuple[Any, int]) -> tuple[Any, int] | None:
             if not ttl:
-                return self._combine(a[0], c[0]), 0
-            return self._merge_ttl(unexpired(a), unexpired(c), now)
+                return combine(a[0], c[0]), 0
+            return self._merge_ttl(unexpired(a), unexpired(c), now, combine)
+
+        def get(ns: Any) -> tuple[Any, int] | None:
+            r = m.get_with_timestamp(key, ns)
+            if r is not None:
+                read.append(r[0])
+                stored.add(id(r[0]))
+            return r
 
         merged: tuple[Any, int] | None = None
-        for src in sources:
-            if src is None:
-                continue
-            r = m.get_with_timestamp(key, src)
-            if r is None:
-                continue
-            m.remove(key, src)
-            merged = r if merged is None else merge(merged, r)
+        for src in srcs:
+            r = get(src)
+            if r is not None:
+                merged = r if merged is None else merge(merged, r)  # type: ignore[assignment]
         if merged is None:
-            return
-        old = m.get_with_timestamp(key, target)
-        result = merged if old is None else merge(old, merged)
-        if result is None or result[0] is None:
-            m.remove(key, target)
-        elif ttl:
-            m.put(key, target, result[0], result[1])
-        else:
-            m.put(key, target, result[0])
-
-
+            return _ABSENT
+        old = None if target in srcs else get(target)
+        return merged if old is None else merge(old, merged)
 
 
 class ReducingState(_MergingState):
@@ -137,13 +185,15 @@ class ReducingState(_MergingState):
     def _combine(self, a: Any, b: Any) -> Any:
         return self._t.descriptor.reduce_function(a, b)  # type: ignore[attr-defined]
 
-    def _merge_ttl(self, a: Any, b: Any, now: int) -> tuple[Any, int] | None:
+    def _merge_ttl(
+        self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
+    ) -> tuple[Any, int] | None:
         # TtlReduceFunction: an absent side yields the other (even if that is absent too)
         if a is _ABSENT:
             return (None if b is _ABSENT else b), now
         if b is _ABSENT:
             return a, now
-        return self._combine(a, b), now
+        return combine(a, b), now
 
 
 class AggregatingState(_MergingState):
@@ -170,13 +220,15 @@ class AggregatingState(_MergingState):
     def _combine(self, a: Any, b: Any) -> Any:
         return self._t.descriptor.aggregate_function.merge(a, b)  # type: ignore[attr-defined]
 
-    def _merge_ttl(self, a: Any, b: Any, now: int) -> tuple[Any, int] | None:
+    def _merge_ttl(
+        self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
+    ) -> tuple[Any, int] | None:
         # TtlAggregateFunction.merge: None when both sides are absent
         if a is _ABSENT:
             return None if b is _ABSENT else (b, now)
         if b is _ABSENT:
             return a, now
-        return self._combine(a, b), now
+        return combine(a, b), now
 
 
 class ReducingTable(StateTable):

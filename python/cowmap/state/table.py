@@ -7,7 +7,7 @@ view's current namespace, and do their work on the map of that key group.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
 from cowmap.state.descriptors import StateDescriptor
@@ -65,6 +65,7 @@ class StateTable:
         self.ticks = 1  # accesses until the next cleanup sweep
         self._interval = CLEANUP_BATCH
         self._idle_sweeps = 0
+        self.merging = False  # a merge_namespaces of this state is running
         self.configure(descriptor)
 
     # ------------------------------------------------------------ settings
@@ -205,6 +206,15 @@ class StateTable:
             m.put(key, ns, copy(state), ts)
 
 
+def _check_namespace(ns: Any, what: str) -> None:
+    if ns is None:
+        raise TypeError(f"{what} must not be None (use VOID_NAMESPACE for no namespace)")
+    try:
+        hash(ns)
+    except TypeError:
+        raise TypeError(f"{what} must be hashable, got {type(ns).__name__} {ns!r}") from None
+
+
 class State:
     """Base of the state views: the current namespace and the backend's current key."""
 
@@ -253,6 +263,27 @@ class State:
             m.remove(self._b._key, self._ns)
         if self._t.cleanup_size:
             self._t.cleanup_step()
+
+    def _merge_sources(self, target: Any, sources: Iterable[Any]) -> dict[Any, None]:
+        """Check a ``merge_namespaces`` call before it changes anything: the
+        distinct namespaces of ``sources`` in order (as dict keys: membership in
+        O(1)). RuntimeError without a current key, TypeError for a target or
+        source that is None or unhashable, or ``sources`` that is no iterable
+        (a str or bytes is taken for one namespace given by mistake)."""
+        if self._b._kg is None:
+            raise self._no_key()
+        _check_namespace(target, "target namespace")
+        if isinstance(sources, (str, bytes)):
+            raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}")
+        try:
+            it = iter(sources)
+        except TypeError:
+            raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}") from None
+        out: dict[Any, None] = {}
+        for ns in it:
+            _check_namespace(ns, "source namespace")
+            out[ns] = None
+        return out
 
     def _no_key(self) -> RuntimeError:
         return RuntimeError(f"no current key: call set_current_key() before using state {self._t.name!r}")

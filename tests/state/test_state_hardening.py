@@ -1,0 +1,290 @@
+"""Bad input and failing user functions in the keyed-state layer.
+
+A call with a bad argument raises before it changes anything (TypeError for a
+wrong type, ValueError for a bad value, RuntimeError for misuse), and a merge
+whose reduce or merge function raises leaves the state as it was.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Iterator
+
+import pytest
+
+from cowmap.state import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    KeyedStateBackend,
+    ListStateDescriptor,
+    ReducingStateDescriptor,
+    StateTtlConfig,
+)
+
+MERGING = ["list", "reducing", "aggregating"]
+
+
+class Boom(Exception):
+    pass
+
+
+class ListAgg(AggregateFunction):
+    """A mutable accumulator changed in place; ``merge`` raises once ``fail`` is set,
+    after it has changed its first argument."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def create_accumulator(self) -> list[Any]:
+        return []
+
+    def add(self, value: Any, accumulator: list[Any]) -> list[Any]:
+        accumulator.append(value)
+        return accumulator
+
+    def get_result(self, accumulator: list[Any]) -> list[Any]:
+        return list(accumulator)
+
+    def merge(self, acc_a: list[Any], acc_b: list[Any]) -> list[Any]:
+        acc_a.extend(acc_b)
+        if self.fail:
+            raise Boom("merge failed half way")
+        return acc_a
+
+
+class Reduce:
+    """``a + b`` on lists, in place; raises (after the change) once ``fail`` is set."""
+
+    def __init__(self) -> None:
+        self.fail = False
+
+    def __call__(self, a: list[Any], b: list[Any]) -> list[Any]:
+        a += b
+        if self.fail:
+            raise Boom("reduce failed half way")
+        return a
+
+
+def _ttl(ms: int = 1000) -> StateTtlConfig:
+    return StateTtlConfig.new_builder(timedelta(milliseconds=ms)).disable_cleanup_in_background().build()
+
+
+def _merging(kind: str, ttl: bool = False) -> tuple[KeyedStateBackend, Any, Any]:
+    """A backend at time 0 with one ``kind`` state; the reduce/aggregate function
+    (None for lists) lets a test make the merge fail."""
+    backend = KeyedStateBackend(time_provider=lambda: 0)
+    fn: Any = None
+    if kind == "list":
+        desc: Any = ListStateDescriptor("s")
+    elif kind == "reducing":
+        fn = Reduce()
+        desc = ReducingStateDescriptor("s", fn)
+    else:
+        fn = ListAgg()
+        desc = AggregatingStateDescriptor("s", fn)
+    if ttl:
+        desc.enable_time_to_live(_ttl())
+    getter = {
+        "list": backend.get_list_state,
+        "reducing": backend.get_reducing_state,
+        "aggregating": backend.get_aggregating_state,
+    }[kind]
+    return backend, getter(desc), fn
+
+
+def _add(state: Any, kind: str, ns: Any, value: Any) -> None:
+    state.set_current_namespace(ns)
+    state.add([value] if kind == "reducing" else value)
+
+
+def _contents(state: Any, namespaces: list[Any]) -> dict[Any, Any]:
+    out = {}
+    for ns in namespaces:
+        state.set_current_namespace(ns)
+        out[ns] = state.get()
+    return out
+
+
+def _filled(kind: str, ttl: bool = False) -> tuple[KeyedStateBackend, Any, Any, dict[Any, Any]]:
+    backend, state, fn = _merging(kind, ttl)
+    backend.set_current_key("k")
+    for ns, v in (("a", 1), ("a", 2), ("b", 3), ("t", 9)):
+        _add(state, kind, ns, v)
+    return backend, state, fn, _contents(state, ["a", "b", "t"])
+
+
+# --------------------------------------------------------------------------- merge_namespaces: bad arguments
+
+
+@pytest.mark.parametrize("kind", MERGING)
+@pytest.mark.parametrize("ttl", [False, True])
+@pytest.mark.parametrize(
+    "target, sources",
+    [
+        (None, ["a", "b"]),
+        ([], ["a", "b"]),
+        ({"t": 1}, ["a"]),
+        (("t", []), ["a"]),
+        ("t", None),
+        ("t", 5),
+        ("t", "ab"),
+        ("t", b"ab"),
+        ("t", ["a", None]),
+        ("t", ["a", []]),
+        ("t", ["a", ("b", {})]),
+    ],
+    ids=[
+        "target-None",
+        "target-list",
+        "target-dict",
+        "target-tuple-of-list",
+        "sources-None",
+        "sources-int",
+        "sources-str",
+        "sources-bytes",
+        "source-None",
+        "source-list",
+        "source-tuple-of-dict",
+    ],
+)
+def test_merge_namespaces_bad_arguments_raise_type_error_and_change_nothing(
+    kind: str, ttl: bool, target: Any, sources: Any
+) -> None:
+    backend, state, _, before = _filled(kind, ttl)
+    with pytest.raises(TypeError, match="namespace"):
+        state.merge_namespaces(target, sources)
+    assert _contents(state, ["a", "b", "t"]) == before
+    assert backend.num_entries() == 3
+
+
+@pytest.mark.parametrize("kind", MERGING)
+def test_merge_namespaces_sources_failing_half_way_change_nothing(kind: str) -> None:
+    backend, state, _, before = _filled(kind)
+
+    def sources() -> Iterator[str]:
+        yield "a"
+        raise Boom("the sources ran dry")
+
+    with pytest.raises(Boom):
+        state.merge_namespaces("t", sources())
+    assert _contents(state, ["a", "b", "t"]) == before
+
+
+@pytest.mark.parametrize("kind", MERGING)
+def test_merge_namespaces_without_current_key_raises_runtime_error(kind: str) -> None:
+    backend, state, _ = _merging(kind)
+    for target in ("t", None):  # misuse is reported before the arguments are looked at
+        with pytest.raises(RuntimeError, match="no current key"):
+            state.merge_namespaces(target, ["a"])
+
+
+@pytest.mark.parametrize("kind", MERGING)
+def test_merge_namespaces_checks_arguments_before_the_key_group_has_a_map(kind: str) -> None:
+    backend, state, _ = _merging(kind)
+    backend.set_current_key("k")  # nothing stored yet: the early return must not skip the checks
+    with pytest.raises(TypeError, match="namespace"):
+        state.merge_namespaces(None, ["a"])
+    with pytest.raises(TypeError, match="namespace"):
+        state.merge_namespaces("t", ["a", []])
+
+
+# --------------------------------------------------------------------------- merge_namespaces: atomic
+
+
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+@pytest.mark.parametrize("ttl", [False, True])
+@pytest.mark.parametrize("sources", [["a", "b"], ["a"]], ids=["fold-of-sources", "into-target"])
+def test_merge_function_raising_leaves_the_state_unchanged(kind: str, ttl: bool, sources: list[str]) -> None:
+    """The function changes its first argument in place, then raises: neither the
+    sources nor the target may keep any of it."""
+    backend, state, fn, before = _filled(kind, ttl)
+    fn.fail = True
+    with pytest.raises(Boom):
+        state.merge_namespaces("t", sources)
+    assert _contents(state, ["a", "b", "t"]) == before
+    assert backend.num_entries() == 3
+    fn.fail = False  # and the same merge works afterwards
+    state.merge_namespaces("t", sources)
+    merged = _contents(state, ["a", "b", "t"])
+    tail = [1, 2, 3] if len(sources) == 2 else [1, 2]
+    assert merged["t"] == [9, *tail]
+
+
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+def test_merge_function_raising_leaves_snapshots_and_state_unchanged(kind: str) -> None:
+    backend, state, fn, before = _filled(kind)
+    with backend.snapshot() as snap:
+        fn.fail = True
+        with pytest.raises(Boom):
+            state.merge_namespaces("t", ["a", "b"])
+        assert {e[1]: e[2] for e in snap.entries("s")} == {"a": [1, 2], "b": [3], "t": [9]}
+    assert _contents(state, ["a", "b", "t"]) == before
+
+
+@pytest.mark.parametrize("kind", MERGING)
+def test_merge_with_the_target_among_the_sources_counts_it_once(kind: str) -> None:
+    backend, state, _, _ = _filled(kind)
+    state.merge_namespaces("t", ["a", "t", "b", "a"])
+    assert _contents(state, ["a", "b", "t"]) == {"a": _empty(kind), "b": _empty(kind), "t": [1, 2, 9, 3]}
+    assert backend.num_entries() == 1
+
+
+def _empty(kind: str) -> Any:
+    return [] if kind == "list" else None
+
+
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+def test_re_entrant_merge_function_reading_the_state_and_switching_keys(kind: str) -> None:
+    """A function that reads the state it merges and changes the current key:
+    the merge still goes to the key it started with, and the reads see the
+    state as it was before the merge."""
+    backend, state, fn, _ = _filled(kind)
+    seen: list[Any] = []
+    inner = fn.merge if kind == "aggregating" else fn.__call__
+
+    def spy(a: Any, b: Any) -> Any:
+        backend.set_current_key("k")
+        ns = state.get_current_namespace()
+        state.set_current_namespace("a")
+        seen.append(state.get())
+        state.set_current_namespace(ns)
+        backend.set_current_key("other")
+        return inner(a, b)
+
+    if kind == "aggregating":
+        fn.merge = spy
+    else:
+        state._t.descriptor.reduce_function = spy
+    state.merge_namespaces("t", ["a", "b"])
+    assert backend.get_current_key() == "other"
+    assert backend.keys("s", "t") == ["k"]
+    backend.set_current_key("k")
+    assert _contents(state, ["a", "b", "t"]) == {"a": None, "b": None, "t": [9, 1, 2, 3]}
+    assert seen == [[1, 2], [1, 2]]
+
+
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+def test_re_entrant_merge_function_merging_again_raises_runtime_error(kind: str) -> None:
+    """A function that calls ``merge_namespaces`` of the state it is merging is
+    misuse (it would nest without end): RuntimeError, and the state unchanged."""
+    backend, state, fn, before = _filled(kind)
+    inner = fn.merge if kind == "aggregating" else fn.__call__
+
+    def again(a: Any, b: Any) -> Any:
+        state.merge_namespaces("t", ["a", "b"])
+        return inner(a, b)
+
+    if kind == "aggregating":
+        fn.merge = again
+    else:
+        state._t.descriptor.reduce_function = again
+    with pytest.raises(RuntimeError, match="merge_namespaces.*'s'"):
+        state.merge_namespaces("t", ["a", "b"])
+    assert _contents(state, ["a", "b", "t"]) == before
+    if kind == "aggregating":
+        fn.merge = inner
+    else:
+        state._t.descriptor.reduce_function = inner
+    state.set_current_namespace("t")
+    state.add([5] if kind == "reducing" else 5)  # the state is usable again afterwards
+    assert state.get() == [9, 5]
