@@ -7,7 +7,9 @@ whose reduce or merge function raises leaves the state as it was.
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any, Iterator
 
 import pytest
@@ -19,7 +21,9 @@ from cowmap.state import (
     ListStateDescriptor,
     ReducingStateDescriptor,
     StateTtlConfig,
+    ValueStateDescriptor,
 )
+from cowmap.state.ttl import MAX_TIMESTAMP
 
 MERGING = ["list", "reducing", "aggregating"]
 
@@ -288,3 +292,123 @@ def test_re_entrant_merge_function_merging_again_raises_runtime_error(kind: str)
     state.set_current_namespace("t")
     state.add([5] if kind == "reducing" else 5)  # the state is usable again afterwards
     assert state.get() == [9, 5]
+
+
+# --------------------------------------------------------------------------- StateTtlConfig
+
+
+_HUGE = [2**63 - 1, 2**63, 2**70]
+
+
+@pytest.mark.parametrize("ms", _HUGE)
+def test_ttl_beyond_the_longest_time_is_clamped_on_every_path(ms: int) -> None:
+    """Every way of making a config stores the same clamped TTL, and a state
+    using it works (it used to raise OverflowError on every access)."""
+    dummy = StateTtlConfig(1000)
+    configs = [
+        StateTtlConfig(ms),
+        StateTtlConfig(ttl_ms=ms),
+        StateTtlConfig.new_builder(ms).build(),  # type: ignore[arg-type]
+        StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl(ms).build(),  # type: ignore[arg-type]
+        dataclasses.replace(dummy, ttl_ms=ms),
+    ]
+    for cfg in configs:
+        assert cfg.ttl_ms == MAX_TIMESTAMP
+        assert cfg == configs[0]
+        assert cfg.get_ttl() == timedelta.max  # the longest a timedelta can say
+    backend = KeyedStateBackend(time_provider=lambda: 5)
+    desc = ValueStateDescriptor("v")
+    desc.enable_time_to_live(configs[0])
+    state = backend.get_state(desc)
+    backend.set_current_key(1)
+    state.update("x")
+    assert state.value() == "x"
+
+
+def test_ttl_given_as_a_timedelta_to_the_constructor_is_stored_in_ms() -> None:
+    cfg = StateTtlConfig(timedelta(seconds=2))  # type: ignore[arg-type]
+    assert cfg.ttl_ms == 2000 and type(cfg.ttl_ms) is int
+    assert cfg == StateTtlConfig(2000)
+
+
+@pytest.mark.parametrize("ttl", [0, -1, -(2**70), timedelta(0), timedelta(microseconds=999), timedelta(days=-1)])
+def test_ttl_not_positive_raises_value_error_on_every_path(ttl: Any) -> None:
+    dummy = StateTtlConfig(1000)
+    for make in (
+        lambda: StateTtlConfig(ttl),
+        lambda: StateTtlConfig.new_builder(ttl).build(),
+        lambda: StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl(ttl),
+        lambda: dataclasses.replace(dummy, ttl_ms=ttl),
+    ):
+        with pytest.raises(ValueError, match="ttl"):
+            make()
+
+
+@pytest.mark.parametrize("ttl", [True, False, 1.5, 1000.0, "1s", None, [1000], Decimal(1000)])
+def test_ttl_of_a_wrong_type_raises_type_error_on_every_path(ttl: Any) -> None:
+    dummy = StateTtlConfig(1000)
+    for make in (
+        lambda: StateTtlConfig(ttl),
+        lambda: StateTtlConfig.new_builder(ttl).build(),
+        lambda: StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl(ttl),
+        lambda: dataclasses.replace(dummy, ttl_ms=ttl),
+    ):
+        with pytest.raises(TypeError, match="ttl"):
+            make()
+
+
+@pytest.mark.parametrize("size", [True, False, 1.5, "5", None])
+def test_cleanup_size_of_a_wrong_type_raises_type_error(size: Any) -> None:
+    with pytest.raises(TypeError, match="cleanup_size"):
+        StateTtlConfig(1000, cleanup_size=size)
+    with pytest.raises(TypeError, match="cleanup_size"):
+        StateTtlConfig.new_builder(timedelta(seconds=1)).cleanup_incrementally(size)
+
+
+@pytest.mark.parametrize("size", [0, -1])
+def test_cleanup_size_not_positive_raises_value_error(size: int) -> None:
+    with pytest.raises(ValueError, match="cleanup_size"):
+        StateTtlConfig(1000, cleanup_size=size)
+    with pytest.raises(ValueError, match="cleanup_size"):
+        StateTtlConfig.new_builder(timedelta(seconds=1)).cleanup_incrementally(size)
+
+
+def test_huge_cleanup_size_is_clamped_and_cleanup_works() -> None:
+    """Like Flink's int cleanup size, at most 2**31 - 1 (it used to overflow in the sweep)."""
+    clock = [0]
+    backend = KeyedStateBackend(time_provider=lambda: clock[0])
+    cfg = StateTtlConfig.new_builder(timedelta(milliseconds=10)).cleanup_incrementally(2**70).build()
+    assert cfg.cleanup_size == 2**31 - 1
+    assert StateTtlConfig(10, cleanup_size=2**70) == dataclasses.replace(cfg, incremental_cleanup=False)
+    desc = ValueStateDescriptor("v")
+    desc.enable_time_to_live(cfg)
+    state = backend.get_state(desc)
+    for k in range(20):
+        backend.set_current_key(k)
+        state.update(k)
+    clock[0] = 100
+    for k in range(20):
+        backend.set_current_key(k)
+        state.value()
+    assert backend.num_entries() == 0
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["cleanup_in_background", "incremental_cleanup", "run_cleanup_for_every_record", "cleanup_full_snapshot"],
+)
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_flag_of_a_wrong_type_raises_type_error(field: str, value: Any) -> None:
+    with pytest.raises(TypeError, match=field):
+        StateTtlConfig(1000, **{field: value})
+
+
+@pytest.mark.parametrize("field", ["update_type", "state_visibility"])
+def test_enum_of_a_wrong_type_raises_type_error(field: str) -> None:
+    with pytest.raises(TypeError, match=field):
+        StateTtlConfig(1000, **{field: 1})
+
+
+def test_time_characteristic_of_a_wrong_type_raises_type_error() -> None:
+    with pytest.raises(TypeError, match="TtlTimeCharacteristic"):
+        StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl_time_characteristic("ProcessingTime")  # type: ignore[arg-type]
