@@ -19,8 +19,10 @@ from cowmap.state import (
     AggregatingStateDescriptor,
     KeyedStateBackend,
     ListStateDescriptor,
+    MapStateDescriptor,
     ReducingStateDescriptor,
     StateTtlConfig,
+    UpdateType,
     ValueStateDescriptor,
 )
 from cowmap.state.ttl import MAX_TIMESTAMP
@@ -412,3 +414,194 @@ def test_enum_of_a_wrong_type_raises_type_error(field: str) -> None:
 def test_time_characteristic_of_a_wrong_type_raises_type_error() -> None:
     with pytest.raises(TypeError, match="TtlTimeCharacteristic"):
         StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl_time_characteristic("ProcessingTime")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- TTL on/off fixed per state
+
+KINDS = ["value", "list", "map", "reducing", "aggregating"]
+
+
+def _descriptor(kind: str, ttl_ms: int | None, name: str = "s") -> Any:
+    if kind == "value":
+        desc: Any = ValueStateDescriptor(name)
+    elif kind == "list":
+        desc = ListStateDescriptor(name)
+    elif kind == "map":
+        desc = MapStateDescriptor(name)
+    elif kind == "reducing":
+        desc = ReducingStateDescriptor(name, lambda a, b: a + b)
+    else:
+        desc = AggregatingStateDescriptor(name, _SumAgg())
+    if ttl_ms is not None:
+        desc.enable_time_to_live(_ttl(ttl_ms))
+    return desc
+
+
+class _SumAgg(AggregateFunction):
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: int, accumulator: int) -> int:
+        return accumulator + value
+
+    def get_result(self, accumulator: int) -> int:
+        return accumulator
+
+    def merge(self, acc_a: int, acc_b: int) -> int:
+        return acc_a + acc_b
+
+
+def _register(backend: KeyedStateBackend, desc: Any) -> Any:
+    return {
+        "value": backend.get_state,
+        "list": backend.get_list_state,
+        "map": backend.get_map_state,
+        "reducing": backend.get_reducing_state,
+        "aggregating": backend.get_aggregating_state,
+    }[desc.kind](desc)
+
+
+def _write(state: Any, kind: str, v: int) -> None:
+    if kind == "value":
+        state.update(v)
+    elif kind == "map":
+        state.put("u", v)
+    else:
+        state.add(v)
+
+
+def _read(state: Any, kind: str) -> Any:
+    if kind == "value":
+        return state.value()
+    if kind == "map":
+        return state.get("u")
+    if kind == "list":
+        return state.get() or None
+    return state.get()
+
+
+def _backend(clock: list[int]) -> KeyedStateBackend:
+    return KeyedStateBackend(time_provider=lambda: clock[0])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("snapshot_ttl", [False, True])
+def test_restore_with_ttl_switched_raises_value_error_and_changes_nothing(kind: str, snapshot_ttl: bool) -> None:
+    """Flink refuses to restore a state written without TTL into a descriptor with
+    TTL and the reverse (the serializers are incompatible); the check comes before
+    anything is restored, also of the other states in the snapshot."""
+    clock = [0]
+    src = _backend(clock)
+    src.set_current_key("k")
+    _write(_register(src, _descriptor(kind, 100 if snapshot_ttl else None)), kind, 1)
+    _register(src, _descriptor("value", None, name="other")).update(2)
+    dst = _backend(clock)
+    dst.set_current_key("k")
+    mine = _register(dst, _descriptor(kind, None if snapshot_ttl else 100))
+    _write(mine, kind, 7)
+    with src.snapshot() as snap, pytest.raises(ValueError, match="'s'.*TTL"):
+        dst.restore(snap)
+    assert dst.state_names() == ["s"]
+    assert dst.num_entries() == 1
+    assert _read(mine, kind) == ([7] if kind == "list" else 7)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("first_ttl", [False, True])
+def test_registering_with_ttl_switched_raises_value_error_and_changes_nothing(kind: str, first_ttl: bool) -> None:
+    """One rule for every kind: a state keeps the TTL setting (on or off) it was
+    made with (lists used to be converted, the other kinds not)."""
+    clock = [0]
+    backend = _backend(clock)
+    backend.set_current_key("k")
+    state = _register(backend, _descriptor(kind, 100 if first_ttl else None))
+    _write(state, kind, 1)
+    with backend.snapshot() as snap:
+        with pytest.raises(ValueError, match="'s'.*TTL"):
+            _register(backend, _descriptor(kind, None if first_ttl else 100))
+        (entry,) = snap.entries("s")
+    assert backend.num_entries() == 1
+    clock[0] = 1000  # the state still has the TTL setting it had: expired only if it had TTL
+    again = _register(backend, _descriptor(kind, 100 if first_ttl else None))
+    assert _read(again, kind) == (None if first_ttl else ([1] if kind == "list" else 1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("snapshot_ttl", [False, True])
+def test_restored_state_registered_with_ttl_switched_raises_value_error(kind: str, snapshot_ttl: bool) -> None:
+    clock = [0]
+    src = _backend(clock)
+    src.set_current_key("k")
+    _write(_register(src, _descriptor(kind, 100 if snapshot_ttl else None)), kind, 1)
+    dst = _backend(clock)
+    with src.snapshot() as snap:
+        dst.restore(snap)
+    with pytest.raises(ValueError, match="'s'.*TTL"):
+        _register(dst, _descriptor(kind, None if snapshot_ttl else 100))
+    clock[0] = 1000
+    dst.set_current_key("k")
+    state = _register(dst, _descriptor(kind, 100 if snapshot_ttl else None))
+    assert _read(state, kind) == (None if snapshot_ttl else ([1] if kind == "list" else 1))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_restore_uses_the_ttl_setting_at_snapshot_time_not_the_descriptors_later_one(kind: str) -> None:
+    """A descriptor given TTL after the snapshot does not turn it on for the
+    restored state (that mixed entries without timestamps with list elements
+    stamped at restore time)."""
+    clock = [0]
+    src = _backend(clock)
+    src.set_current_key("k")
+    desc = _descriptor(kind, None)
+    _write(_register(src, desc), kind, 1)
+    with src.snapshot() as snap:
+        desc.enable_time_to_live(_ttl(100))
+        assert snap.descriptor("s").ttl_config is None
+        dst = _backend(clock)
+        dst.restore(snap)
+    with pytest.raises(ValueError, match="'s'.*TTL"):
+        _register(dst, desc)
+    clock[0] = 10_000
+    dst.set_current_key("k")
+    state = _register(dst, _descriptor(kind, None))
+    assert _read(state, kind) == ([1] if kind == "list" else 1)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_descriptor_ttl_changed_after_registration_is_applied_or_refused(kind: str) -> None:
+    """Registering the same descriptor object again after its TTL config changed
+    is a re-registration (it used to be ignored): a new TTL applies, switching
+    TTL off is refused."""
+    clock = [0]
+    backend = _backend(clock)
+    backend.set_current_key("k")
+    desc = _descriptor(kind, 10_000)
+    _write(_register(backend, desc), kind, 1)
+    desc.enable_time_to_live(_ttl(100))
+    state = _register(backend, desc)
+    clock[0] = 100
+    assert _read(state, kind) is None
+    desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(seconds=1)).set_update_type(UpdateType.Disabled).build())
+    with pytest.raises(ValueError, match="'s'.*TTL"):
+        _register(backend, desc)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ttl_duration_may_change_on_restore_and_re_registration(kind: str) -> None:
+    """Only switching TTL on or off is refused: a state with TTL may be restored or
+    re-registered with another TTL, its timestamps kept (Flink's TTL serializer
+    stays compatible)."""
+    clock = [0]
+    src = _backend(clock)
+    src.set_current_key("k")
+    _write(_register(src, _descriptor(kind, 100)), kind, 1)
+    dst = _backend(clock)
+    _register(dst, _descriptor(kind, 10_000))
+    with src.snapshot() as snap:
+        dst.restore(snap)
+    dst.set_current_key("k")
+    clock[0] = 5000
+    state = _register(dst, _descriptor(kind, 10_000))
+    assert _read(state, kind) == ([1] if kind == "list" else 1)
+    state = _register(dst, _descriptor(kind, 100))
+    assert _read(state, kind) is None

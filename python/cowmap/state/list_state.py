@@ -155,19 +155,6 @@ class ListTable(StateTable):
     kind = "list"
     view_class = ListState
 
-    def configure(self, descriptor: Any) -> None:
-        had_ttl = bool(getattr(self, "ttl", 0))
-        super().configure(descriptor)
-        if had_ttl != bool(self.ttl):  # re-registered with(out) TTL: change the stored form
-            now = self.now()
-            for kg in self.live:
-                m = self.maps[kg]
-                for key, ns, lst in list(m):  # type: ignore[union-attr]
-                    if self.ttl:
-                        m.put(key, ns, [x for v in lst for x in (v, now)], now)  # type: ignore[union-attr]
-                    else:
-                        m.put(key, ns, lst[0::2])  # type: ignore[union-attr]
-
     def copy_state(self, state: list[Any]) -> list[Any]:
         copy = self.copy_value
         if not self.ttl:
@@ -197,12 +184,12 @@ class ListTable(StateTable):
         m = self.map_for_write(kg)
         ttl = self.ttl
         copy = self.copy_value
+        # the records have timestamps exactly when this state has TTL: restore
+        # refuses a snapshot whose TTL setting differs
         for key, ns, values, stamps in records:
             if not values:
                 continue
             values = [copy(v) for v in values]
-            if stamps is None:
-                stamps = [self.now()] * len(values)
             old = m.get(key, ns)
             if ttl:
                 flat = [x for v, ts in zip(values, stamps) for x in (v, ts)]

@@ -71,14 +71,28 @@ class StateTable:
     # ------------------------------------------------------------ settings
 
     def configure(self, descriptor: StateDescriptor) -> None:
-        """(Re)bind the descriptor: its copier, functions and TTL settings."""
+        """(Re)bind the descriptor: its copier, functions and TTL settings.
+
+        ValueError, before anything changes, for another kind or for TTL
+        switched on or off: a state keeps the TTL setting it was made with (its
+        entries are stored with or without timestamps accordingly), as Flink
+        refuses a TTL serializer for state written without one and the
+        reverse. Another TTL, update type, visibility or cleanup is fine.
+        """
         if descriptor.kind != self.kind:
             raise ValueError(
                 f"state {descriptor.name!r} is registered as {self.kind} state; cannot use it as {descriptor.kind}"
             )
-        self.descriptor = descriptor
-        self.copy_value = descriptor.copier
         cfg = descriptor.ttl_config
+        if hasattr(self, "ttl") and bool(self.ttl) != (cfg is not None):
+            have, want = ("with", "without") if self.ttl else ("without", "with")
+            raise ValueError(
+                f"state {descriptor.name!r} is registered {have} TTL; it cannot be registered {want} TTL "
+                f"(its entries are stored {have} timestamps): use another state name"
+            )
+        self.descriptor = descriptor
+        self.ttl_config = cfg
+        self.copy_value = descriptor.copier
         self.ttl: int = cfg.ttl_ms if cfg is not None else 0
         self.update_on_read = cfg is not None and cfg.update_type is UpdateType.OnReadAndWrite
         self.return_expired = cfg is not None and cfg.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
