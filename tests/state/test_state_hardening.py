@@ -296,6 +296,58 @@ def test_re_entrant_merge_function_merging_again_raises_runtime_error(kind: str)
     assert state.get() == [9, 5]
 
 
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+def test_snapshot_taken_by_the_merge_function_sees_the_state_before_the_merge(kind: str) -> None:
+    """Nothing is written until the result is known: a snapshot taken from inside
+    the function has every source and the old target (it used to miss the
+    sources, already removed, while the target did not have them yet)."""
+    backend, state, fn, _ = _filled(kind)
+    snaps: list[Any] = []
+    inner = fn.merge if kind == "aggregating" else fn.__call__
+
+    def snapshotting(a: Any, b: Any) -> Any:
+        snaps.append(backend.snapshot())
+        return inner(a, b)
+
+    if kind == "aggregating":
+        fn.merge = snapshotting
+    else:
+        state._t.descriptor.reduce_function = snapshotting
+    state.merge_namespaces("t", ["a", "b"])
+    for snap in snaps:
+        assert {e[1]: e[2] for e in snap.entries("s")} == {"a": [1, 2], "b": [3], "t": [9]}
+        snap.release()
+    assert _contents(state, ["a", "b", "t"]) == {"a": None, "b": None, "t": [9, 1, 2, 3]}
+
+
+@pytest.mark.parametrize("kind", MERGING)
+def test_merge_with_a_copier_raising_changes_nothing(kind: str) -> None:
+    """With a snapshot live, reading a source copies it first; a copier that
+    fails on the second source must not cost the first one."""
+
+    def copier(v: Any) -> Any:
+        if v == 3 or v == [3]:
+            raise Boom("cannot copy")
+        return list(v) if isinstance(v, list) else v
+
+    backend = KeyedStateBackend()
+    if kind == "list":
+        desc: Any = ListStateDescriptor("s", copier=copier)
+        state = backend.get_list_state(desc)
+    elif kind == "reducing":
+        state = backend.get_reducing_state(ReducingStateDescriptor("s", Reduce(), copier=copier))
+    else:
+        state = backend.get_aggregating_state(AggregatingStateDescriptor("s", ListAgg(), copier=copier))
+    backend.set_current_key("k")
+    for ns, v in (("a", 1), ("a", 2), ("b", 3), ("t", 9)):
+        _add(state, kind, ns, v)
+    before = _contents(state, ["a", "b", "t"])
+    with backend.snapshot():
+        with pytest.raises(Boom):
+            state.merge_namespaces("t", ["a", "b"])
+    assert _contents(state, ["a", "b", "t"]) == before  # read once nothing is shared
+
+
 # --------------------------------------------------------------------------- StateTtlConfig
 
 
