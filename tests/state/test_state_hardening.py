@@ -657,3 +657,13 @@ def test_ttl_duration_may_change_on_restore_and_re_registration(kind: str) -> No
     assert _read(state, kind) == ([1] if kind == "list" else 1)
     state = _register(dst, _descriptor(kind, 100))
     assert _read(state, kind) is None
+
+
+def test_descriptor_given_an_equal_ttl_config_again_keeps_its_state_object() -> None:
+    backend = _backend([0])
+    desc = _descriptor("value", 100)
+    state = backend.get_state(desc)
+    state.set_current_namespace("w")
+    desc.enable_time_to_live(_ttl(100))  # an equal config, another object
+    assert backend.get_state(desc) is state
+    assert state.get_current_namespace() == "w"

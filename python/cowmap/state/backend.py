@@ -130,7 +130,8 @@ class KeyedStateBackend:
             view is not None
             and table is not None
             and table.descriptor is descriptor
-            and table.ttl_config is descriptor.ttl_config  # else enable_time_to_live was called since
+            # else enable_time_to_live was called since: apply (or refuse) its config
+            and (table.ttl_config is descriptor.ttl_config or table.ttl_config == descriptor.ttl_config)
         ):
             return view
         if table is None:

@@ -62,7 +62,8 @@ class _MergingState(AsyncMergingMethods, State):
         else:
             m.put(self._b._key, ns, acc)
 
-    def _combine(self, a: Any, b: Any) -> Any:
+    def _merge_function(self) -> Callable[[Any, Any], Any]:
+        """The function that merges two accumulators (it may change the first)."""
         raise NotImplementedError
 
     def _merge_ttl(
@@ -92,19 +93,22 @@ class _MergingState(AsyncMergingMethods, State):
         O(sources) calls of the function, plus a copy of each stored
         accumulator it is to change (free for immutable accumulators).
         """
-        srcs = self._merge_sources(target, sources)
+        srcs = self._merge_sources(target, sources)  # RuntimeError without a current key
         t = self._t
-        m = self._current_map()
+        m = t.maps[self._b._kg]  # type: ignore[index]
         if m is None or not srcs:
             return
         if t.merging:
-            raise RuntimeError(
-                f"merge_namespaces of state {t.name!r} called from its own reduce/merge function"
-            )
+            raise RuntimeError(f"merge_namespaces of state {t.name!r} called from its own reduce/merge function")
         key = self._b._key  # the function may switch keys: the merge stays with this one
+        ttl = t.ttl
         t.merging = True
         try:
-            result = self._merged(m, key, target, srcs)
+            if ttl:
+                result = self._merged_ttl(m, key, target, srcs)
+            else:
+                acc = self._merged(m, key, target, srcs)
+                result = acc if acc is _ABSENT else (acc, 0)
         finally:
             t.merging = False
         if result is _ABSENT:
@@ -114,25 +118,50 @@ class _MergingState(AsyncMergingMethods, State):
             m.remove(key, src)
         if result is None or result[0] is None:
             m.remove(key, target)
-        elif t.ttl:
+        elif ttl:
             m.put(key, target, result[0], result[1])
         else:
             m.put(key, target, result[0])
 
     def _merged(self, m: CopyOnWriteStateMap, key: Any, target: Any, srcs: dict[Any, None]) -> Any:
-        """The ``(accumulator, ts)`` (or None: no accumulator) that merging
-        ``srcs`` into ``target`` leaves in ``target`` of ``key``; ``_ABSENT`` when
-        no source has one. Changes nothing in ``m``."""
-        t = self._t
-        ttl = t.ttl
-        now = self._b.now() if ttl else 0
-        copy = t.copy_value
-        read: list[Any] = []  # the stored accumulators, held so their ids stay theirs
+        """Without TTL: the accumulator (None: none) that merging ``srcs`` into
+        ``target`` of ``key`` leaves in ``target``; ``_ABSENT`` when no source
+        has one. Changes nothing in ``m``."""
+        fn = self._merge_function()
+        copy = self._t.copy_value
+        # ids of the stored accumulators read: the function may change its first
+        # argument, so a stored one is copied first (an id reused meanwhile only
+        # costs a needless copy)
         stored: set[int] = set()
+        merged: Any = _ABSENT
+        for src in srcs:
+            v = m.get(key, src)
+            if v is None:
+                continue
+            if merged is _ABSENT:
+                merged = v
+            else:
+                merged = fn(copy(merged) if id(merged) in stored else merged, v)
+            stored.add(id(v))
+        if merged is _ABSENT:
+            return _ABSENT
+        if target in srcs:
+            return merged
+        old = m.get(key, target)
+        return merged if old is None else fn(copy(old), merged)
+
+    def _merged_ttl(self, m: CopyOnWriteStateMap, key: Any, target: Any, srcs: dict[Any, None]) -> Any:
+        """With TTL: the ``(accumulator, ts)`` (or None: none) that merging
+        ``srcs`` into ``target`` of ``key`` leaves in ``target``; ``_ABSENT``
+        when no source has one. Changes nothing in ``m``."""
+        t = self._t
+        now = self._b.now()
+        fn = self._merge_function()
+        copy = t.copy_value
+        stored: set[int] = set()  # as in _merged
 
         def combine(a: Any, b: Any) -> Any:
-            # the function may change its first argument: never a stored one
-            return self._combine(copy(a) if id(a) in stored else a, b)
+            return fn(copy(a) if id(a) in stored else a, b)
 
         def unexpired(tv: tuple[Any, int]) -> Any:
             v, ts = tv
@@ -141,14 +170,11 @@ class _MergingState(AsyncMergingMethods, State):
             return v
 
         def merge(a: tuple[Any, int], c: tuple[Any, int]) -> tuple[Any, int] | None:
-            if not ttl:
-                return combine(a[0], c[0]), 0
             return self._merge_ttl(unexpired(a), unexpired(c), now, combine)
 
         def get(ns: Any) -> tuple[Any, int] | None:
             r = m.get_with_timestamp(key, ns)
             if r is not None:
-                read.append(r[0])
                 stored.add(id(r[0]))
             return r
 
@@ -182,8 +208,8 @@ class ReducingState(_MergingState):
         reduce: Callable[[Any, Any], Any] = self._t.descriptor.reduce_function  # type: ignore[attr-defined]
         self._write(m, self._ns, value if prev is _ABSENT else reduce(prev, value))
 
-    def _combine(self, a: Any, b: Any) -> Any:
-        return self._t.descriptor.reduce_function(a, b)  # type: ignore[attr-defined]
+    def _merge_function(self) -> Callable[[Any, Any], Any]:
+        return self._t.descriptor.reduce_function  # type: ignore[attr-defined,no-any-return]
 
     def _merge_ttl(
         self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
@@ -217,8 +243,8 @@ class AggregatingState(_MergingState):
             acc = fn.create_accumulator()
         self._write(m, self._ns, fn.add(value, acc))
 
-    def _combine(self, a: Any, b: Any) -> Any:
-        return self._t.descriptor.aggregate_function.merge(a, b)  # type: ignore[attr-defined]
+    def _merge_function(self) -> Callable[[Any, Any], Any]:
+        return self._t.descriptor.aggregate_function.merge  # type: ignore[attr-defined,no-any-return]
 
     def _merge_ttl(
         self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]

@@ -220,15 +220,6 @@ class StateTable:
             m.put(key, ns, copy(state), ts)
 
 
-def _check_namespace(ns: Any, what: str) -> None:
-    if ns is None:
-        raise TypeError(f"{what} must not be None (use VOID_NAMESPACE for no namespace)")
-    try:
-        hash(ns)
-    except TypeError:
-        raise TypeError(f"{what} must be hashable, got {type(ns).__name__} {ns!r}") from None
-
-
 class State:
     """Base of the state views: the current namespace and the backend's current key."""
 
@@ -286,17 +277,23 @@ class State:
         (a str or bytes is taken for one namespace given by mistake)."""
         if self._b._kg is None:
             raise self._no_key()
-        _check_namespace(target, "target namespace")
-        if isinstance(sources, (str, bytes)):
-            raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}")
+        if target is None:
+            raise TypeError("target namespace must not be None (use VOID_NAMESPACE for no namespace)")
         try:
-            it = iter(sources)
+            hash(target)
         except TypeError:
-            raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}") from None
+            raise TypeError(f"target namespace must be hashable, got {type(target).__name__} {target!r}") from None
+        if type(sources) is not list and type(sources) is not tuple:
+            if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
+                raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}")
         out: dict[Any, None] = {}
-        for ns in it:
-            _check_namespace(ns, "source namespace")
-            out[ns] = None
+        for ns in sources:
+            if ns is None:
+                raise TypeError("source namespace must not be None (use VOID_NAMESPACE for no namespace)")
+            try:
+                out[ns] = None
+            except TypeError:
+                raise TypeError(f"source namespace must be hashable, got {type(ns).__name__} {ns!r}") from None
         return out
 
     def _no_key(self) -> RuntimeError:
