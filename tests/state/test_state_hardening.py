@@ -464,8 +464,9 @@ def test_enum_of_a_wrong_type_raises_type_error(field: str) -> None:
 
 
 def test_time_characteristic_of_a_wrong_type_raises_type_error() -> None:
+    builder = StateTtlConfig.new_builder(timedelta(seconds=1))
     with pytest.raises(TypeError, match="TtlTimeCharacteristic"):
-        StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl_time_characteristic("ProcessingTime")  # type: ignore[arg-type]
+        builder.set_ttl_time_characteristic("ProcessingTime")  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------- TTL on/off fixed per state
@@ -633,7 +634,8 @@ def test_descriptor_ttl_changed_after_registration_is_applied_or_refused(kind: s
     state = _register(backend, desc)
     clock[0] = 100
     assert _read(state, kind) is None
-    desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(seconds=1)).set_update_type(UpdateType.Disabled).build())
+    off = StateTtlConfig.new_builder(timedelta(seconds=1)).set_update_type(UpdateType.Disabled).build()
+    desc.enable_time_to_live(off)  # turns TTL off
     with pytest.raises(ValueError, match="'s'.*TTL"):
         _register(backend, desc)
 

@@ -121,7 +121,8 @@ class ListState(AsyncListMethods, State):
         a namespace given twice counts once. All arguments are checked before
         anything changes: TypeError for a target or source that is None or
         unhashable or ``sources`` that is no iterable of namespaces,
-        RuntimeError without a current key. O(elements merged).
+        RuntimeError without a current key. O(elements merged; with TTL also
+        the target's elements, for its newest timestamp).
         """
         srcs = self._merge_sources(target, sources)
         m = self._current_map()
