@@ -669,3 +669,10 @@ def test_descriptor_given_an_equal_ttl_config_again_keeps_its_state_object() -> 
     desc.enable_time_to_live(_ttl(100))  # an equal config, another object
     assert backend.get_state(desc) is state
     assert state.get_current_namespace() == "w"
+
+
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_builder_flag_of_a_wrong_type_raises_type_error(value: Any) -> None:
+    """The builder checks as the constructor does (it used to take any truthy value)."""
+    with pytest.raises(TypeError, match="run_cleanup_for_every_record"):
+        StateTtlConfig.new_builder(timedelta(seconds=1)).cleanup_incrementally(5, value)

@@ -223,7 +223,7 @@ class StateTtlConfig:
             return self._set(
                 incremental_cleanup=True,
                 cleanup_size=cleanup_size,
-                run_cleanup_for_every_record=bool(run_cleanup_for_every_record),
+                run_cleanup_for_every_record=run_cleanup_for_every_record,
             )
 
         def disable_cleanup_in_background(self) -> StateTtlConfig.Builder:
