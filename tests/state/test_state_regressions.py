@@ -99,24 +99,29 @@ def test_list_copier_sees_only_values_with_ttl() -> None:
 
 @pytest.mark.parametrize("first_ttl", [False, True])
 def test_reregistering_a_list_with_other_ttl_keeps_older_snapshots(first_ttl: bool) -> None:
+    """Switching TTL on or off is refused (a state keeps the setting it was made
+    with), so the stored lists, and the snapshots sharing them, stay as they were."""
     backend = KeyedStateBackend(time_provider=lambda: 1000)
-    first = ListStateDescriptor("l")
-    if first_ttl:
-        first.enable_time_to_live(_ttl(10_000))
-    s = backend.get_list_state(first)
+
+    def descriptor(ttl: bool) -> ListStateDescriptor:
+        desc = ListStateDescriptor("l")
+        if ttl:
+            desc.enable_time_to_live(_ttl(10_000))
+        return desc
+
+    s = backend.get_list_state(descriptor(first_ttl))
     backend.set_current_key("k")
     s.update(["a", "b", "c"])
     snap = backend.snapshot()
-    second = ListStateDescriptor("l")
-    if not first_ttl:
-        second.enable_time_to_live(_ttl(10_000))
-    backend.get_list_state(second)
+    with pytest.raises(ValueError, match="'l'"):
+        backend.get_list_state(descriptor(not first_ttl))
+    assert s.get() == ["a", "b", "c"]
     (entry,) = snap.entries("l")
     assert entry[2] == ["a", "b", "c"]
     restored = KeyedStateBackend(time_provider=lambda: 1000)
     restored.restore(snap)
     snap.release()
-    r = restored.get_list_state(ListStateDescriptor("l"))
+    r = restored.get_list_state(descriptor(first_ttl))
     restored.set_current_key("k")
     assert r.get() == ["a", "b", "c"]
 

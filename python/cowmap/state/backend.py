@@ -126,7 +126,13 @@ class KeyedStateBackend:
         name = descriptor.name
         table = self._tables.get(name)
         view = self._views.get(name)
-        if view is not None and table is not None and table.descriptor is descriptor:
+        if (
+            view is not None
+            and table is not None
+            and table.descriptor is descriptor
+            # else enable_time_to_live was called since: apply (or refuse) its config
+            and (table.ttl_config is descriptor.ttl_config or table.ttl_config == descriptor.ttl_config)
+        ):
             return view
         if table is None:
             table = _TABLES[descriptor.kind](self, descriptor)
@@ -142,18 +148,41 @@ class KeyedStateBackend:
         return view
 
     def get_state(self, descriptor: ValueStateDescriptor) -> ValueState:
+        """The value state named ``descriptor.name``, made on first use.
+
+        Registering a name again (or one made by :meth:`restore`, or the same
+        descriptor after ``enable_time_to_live``) keeps its data and rebinds the
+        descriptor: default value, copier, TTL settings. A state
+        keeps the TTL setting it was made with: ValueError, with nothing
+        changed, for a descriptor of another kind or one that switches TTL on
+        or off (Flink refuses such a state serializer); another TTL, update
+        type, visibility or cleanup applies to the stored entries as they are.
+        TypeError for a descriptor of the wrong class. O(1).
+        """
         return self._register(descriptor, ValueStateDescriptor)
 
     def get_list_state(self, descriptor: ListStateDescriptor) -> ListState:
+        """The list state named ``descriptor.name``; registered again, and
+        refused (ValueError) for another kind or TTL switched on or off, as
+        :meth:`get_state` says."""
         return self._register(descriptor, ListStateDescriptor)
 
     def get_map_state(self, descriptor: MapStateDescriptor) -> MapState:
+        """The map state named ``descriptor.name``; registered again, and
+        refused (ValueError) for another kind or TTL switched on or off, as
+        :meth:`get_state` says."""
         return self._register(descriptor, MapStateDescriptor)
 
     def get_reducing_state(self, descriptor: ReducingStateDescriptor) -> ReducingState:
+        """The reducing state named ``descriptor.name``; registered again, and
+        refused (ValueError) for another kind or TTL switched on or off, as
+        :meth:`get_state` says."""
         return self._register(descriptor, ReducingStateDescriptor)
 
     def get_aggregating_state(self, descriptor: AggregatingStateDescriptor) -> AggregatingState:
+        """The aggregating state named ``descriptor.name``; registered again, and
+        refused (ValueError) for another kind or TTL switched on or off, as
+        :meth:`get_state` says."""
         return self._register(descriptor, AggregatingStateDescriptor)
 
     # ------------------------------------------------------------ whole backend
@@ -189,7 +218,16 @@ class KeyedStateBackend:
 
         Call it once per old snapshot to merge several (scale-in). States the
         backend has not registered yet are created from the snapshot's
-        descriptors; registering one later with another kind raises ``ValueError``.
+        descriptors, with the TTL settings they had at ``snapshot()``.
+
+        A state keeps the TTL setting it was made with, as in Flink (a state
+        written without TTL cannot be read with a TTL serializer, nor the
+        reverse): ``ValueError`` if a state is registered here with another kind
+        or with TTL on where the snapshot's was off (or the reverse), checked for
+        every state before anything is restored; registering a restored state
+        later with another kind or TTL switched raises ``ValueError`` too.
+        Another TTL (both on) is fine: entries keep their timestamps and expire
+        by this backend's TTL. O(restored entries).
         """
         if not isinstance(snapshot, KeyedStateSnapshot):
             raise TypeError(f"expected a KeyedStateSnapshot, not {type(snapshot).__name__}")
@@ -201,8 +239,16 @@ class KeyedStateBackend:
         snapshot._check()
         for name, s in snapshot._states.items():  # check everything before changing anything
             table = self._tables.get(name)
-            if table is not None and table.kind != s.descriptor.kind:
+            if table is None:
+                continue
+            if table.kind != s.descriptor.kind:
                 raise ValueError(f"state {name!r} is {table.kind} state here but {s.descriptor.kind} in the snapshot")
+            if bool(table.ttl) != bool(s.ttl):
+                here, there = ("with", "without") if table.ttl else ("without", "with")
+                raise ValueError(
+                    f"state {name!r} is registered here {here} TTL but was snapshotted {there} TTL: "
+                    f"its entries cannot be restored into it"
+                )
         for name, s in snapshot._states.items():
             table = self._tables.get(name)
             if table is None:

@@ -115,49 +115,46 @@ class ListState(AsyncListMethods, State):
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         """Append the lists of ``sources`` (removed) to the list of ``target``,
-        elements keeping their timestamps."""
-        t = self._t
-        b = self._b
+        elements keeping their timestamps (Flink's ``mergeNamespaces``).
+
+        A target among the sources has its own list merged at its place there;
+        a namespace given twice counts once. All arguments are checked before
+        anything changes: TypeError for a target or source that is None or
+        unhashable or ``sources`` that is no iterable of namespaces,
+        RuntimeError without a current key. O(elements merged; with TTL also
+        the target's elements, for its newest timestamp).
+        """
+        srcs = self._merge_sources(target, sources)
         m = self._current_map()
-        if m is None:
+        if m is None or not srcs:
             return
-        key = b._key
+        key = self._b._key
         merged: list[Any] = []
-        for src in sources:
-            if src is not None:
-                lst = m.remove_and_get_old(key, src)
-                if lst:
-                    merged.extend(lst)
+        for src in srcs:
+            lst = m.get(key, src)
+            if lst:
+                merged.extend(lst)
+        # nothing below runs user code: remove and write
+        for src in srcs:
+            m.remove(key, src)
         if not merged:
             return
-        lst = m.get(key, target)
+        lst = None if target in srcs else m.get(key, target)
+        ttl = self._t.ttl
         if lst is None:
-            if t.ttl:
+            if ttl:
                 m.put(key, target, merged, max(merged[1::2]))
             else:
                 m.put(key, target, merged)
         else:
             lst.extend(merged)
-            if t.ttl:
+            if ttl:
                 m.set_timestamp(key, target, max(lst[1::2]))
 
 
 class ListTable(StateTable):
     kind = "list"
     view_class = ListState
-
-    def configure(self, descriptor: Any) -> None:
-        had_ttl = bool(getattr(self, "ttl", 0))
-        super().configure(descriptor)
-        if had_ttl != bool(self.ttl):  # re-registered with(out) TTL: change the stored form
-            now = self.now()
-            for kg in self.live:
-                m = self.maps[kg]
-                for key, ns, lst in list(m):  # type: ignore[union-attr]
-                    if self.ttl:
-                        m.put(key, ns, [x for v in lst for x in (v, now)], now)  # type: ignore[union-attr]
-                    else:
-                        m.put(key, ns, lst[0::2])  # type: ignore[union-attr]
 
     def copy_state(self, state: list[Any]) -> list[Any]:
         copy = self.copy_value
@@ -188,12 +185,12 @@ class ListTable(StateTable):
         m = self.map_for_write(kg)
         ttl = self.ttl
         copy = self.copy_value
+        # the records have timestamps exactly when this state has TTL: restore
+        # refuses a snapshot whose TTL setting differs
         for key, ns, values, stamps in records:
             if not values:
                 continue
             values = [copy(v) for v in values]
-            if stamps is None:
-                stamps = [self.now()] * len(values)
             old = m.get(key, ns)
             if ttl:
                 flat = [x for v, ts in zip(values, stamps) for x in (v, ts)]

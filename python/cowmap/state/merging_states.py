@@ -62,24 +62,106 @@ class _MergingState(AsyncMergingMethods, State):
         else:
             m.put(self._b._key, ns, acc)
 
-    def _combine(self, a: Any, b: Any) -> Any:
+    def _merge_function(self) -> Callable[[Any, Any], Any]:
+        """The function that merges two accumulators (it may change the first)."""
         raise NotImplementedError
 
-    def _merge_ttl(self, a: Any, b: Any, now: int) -> tuple[Any, int] | None:
+    def _merge_ttl(
+        self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
+    ) -> tuple[Any, int] | None:
         """Flink's TTL-wrapped merge of two unexpired-or-``_ABSENT`` accumulators."""
         raise NotImplementedError
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         """Merge the accumulators of ``sources`` (removed) into ``target``, as
-        Flink's ``AbstractHeapMergingState.mergeNamespaces`` does."""
+        Flink's ``AbstractHeapMergingState.mergeNamespaces`` does: the sources
+        folded in order, then ``merge(target's, folded)``.
+
+        A target among the sources has its own accumulator merged at its place
+        there; a namespace given twice counts once. All arguments are checked
+        before anything changes: TypeError for a target or source that is None
+        or unhashable or ``sources`` that is no iterable of namespaces,
+        RuntimeError without a current key.
+
+        Atomic: the result is computed before the state is written, and the
+        reduce/merge function only ever changes copies (made with the
+        descriptor's copier) of the stored accumulators, so if it raises the
+        state is as before. The function may read this state (it sees the
+        state before the merge) but must not change it: changes to the target
+        or the sources are replaced by the merge's result, and calling
+        ``merge_namespaces`` of this state from it raises RuntimeError.
+        O(sources) calls of the function, plus a copy of each stored
+        accumulator it is to change (free for immutable accumulators).
+        """
+        srcs = self._merge_sources(target, sources)  # RuntimeError without a current key
         t = self._t
-        b = self._b
-        m = self._current_map()
-        if m is None:
+        m = t.maps[self._b._kg]  # type: ignore[index]
+        if m is None or not srcs:
             return
-        key = b._key
+        if t.merging:
+            raise RuntimeError(f"merge_namespaces of state {t.name!r} called from its own reduce/merge function")
+        key = self._b._key  # the function may switch keys: the merge stays with this one
         ttl = t.ttl
-        now = b.now() if ttl else 0
+        t.merging = True
+        try:
+            if ttl:
+                result = self._merged_ttl(m, key, target, srcs)
+            else:
+                acc = self._merged(m, key, target, srcs)
+                result = acc if acc is _ABSENT else (acc, 0)
+        finally:
+            t.merging = False
+        if result is _ABSENT:
+            return
+        # nothing below runs user code: write the target, remove the sources
+        for src in srcs:
+            m.remove(key, src)
+        if result is None or result[0] is None:
+            m.remove(key, target)
+        elif ttl:
+            m.put(key, target, result[0], result[1])
+        else:
+            m.put(key, target, result[0])
+
+    def _merged(self, m: CopyOnWriteStateMap, key: Any, target: Any, srcs: dict[Any, None]) -> Any:
+        """Without TTL: the accumulator (None: none) that merging ``srcs`` into
+        ``target`` of ``key`` leaves in ``target``; ``_ABSENT`` when no source
+        has one. Changes nothing in ``m``."""
+        fn = self._merge_function()
+        copy = self._t.copy_value
+        # ids of the stored accumulators read: the function may change its first
+        # argument, so a stored one is copied first (an id reused meanwhile only
+        # costs a needless copy)
+        stored: set[int] = set()
+        merged: Any = _ABSENT
+        for src in srcs:
+            v = m.get(key, src)
+            if v is None:
+                continue
+            if merged is _ABSENT:
+                merged = v
+            else:
+                merged = fn(copy(merged) if id(merged) in stored else merged, v)
+            stored.add(id(v))
+        if merged is _ABSENT:
+            return _ABSENT
+        if target in srcs:
+            return merged
+        old = m.get(key, target)
+        return merged if old is None else fn(copy(old), merged)
+
+    def _merged_ttl(self, m: CopyOnWriteStateMap, key: Any, target: Any, srcs: dict[Any, None]) -> Any:
+        """With TTL: the ``(accumulator, ts)`` (or None: none) that merging
+        ``srcs`` into ``target`` of ``key`` leaves in ``target``; ``_ABSENT``
+        when no source has one. Changes nothing in ``m``."""
+        t = self._t
+        now = self._b.now()
+        fn = self._merge_function()
+        copy = t.copy_value
+        stored: set[int] = set()  # as in _merged
+
+        def combine(a: Any, b: Any) -> Any:
+            return fn(copy(a) if id(a) in stored else a, b)
 
         def unexpired(tv: tuple[Any, int]) -> Any:
             v, ts = tv
@@ -88,31 +170,23 @@ class _MergingState(AsyncMergingMethods, State):
             return v
 
         def merge(a: tuple[Any, int], c: tuple[Any, int]) -> tuple[Any, int] | None:
-            if not ttl:
-                return self._combine(a[0], c[0]), 0
-            return self._merge_ttl(unexpired(a), unexpired(c), now)
+            return self._merge_ttl(unexpired(a), unexpired(c), now, combine)
+
+        def get(ns: Any) -> tuple[Any, int] | None:
+            r = m.get_with_timestamp(key, ns)
+            if r is not None:
+                stored.add(id(r[0]))
+            return r
 
         merged: tuple[Any, int] | None = None
-        for src in sources:
-            if src is None:
-                continue
-            r = m.get_with_timestamp(key, src)
-            if r is None:
-                continue
-            m.remove(key, src)
-            merged = r if merged is None else merge(merged, r)
+        for src in srcs:
+            r = get(src)
+            if r is not None:
+                merged = r if merged is None else merge(merged, r)  # type: ignore[assignment]
         if merged is None:
-            return
-        old = m.get_with_timestamp(key, target)
-        result = merged if old is None else merge(old, merged)
-        if result is None or result[0] is None:
-            m.remove(key, target)
-        elif ttl:
-            m.put(key, target, result[0], result[1])
-        else:
-            m.put(key, target, result[0])
-
-
+            return _ABSENT
+        old = None if target in srcs else get(target)
+        return merged if old is None else merge(old, merged)
 
 
 class ReducingState(_MergingState):
@@ -134,16 +208,18 @@ class ReducingState(_MergingState):
         reduce: Callable[[Any, Any], Any] = self._t.descriptor.reduce_function  # type: ignore[attr-defined]
         self._write(m, self._ns, value if prev is _ABSENT else reduce(prev, value))
 
-    def _combine(self, a: Any, b: Any) -> Any:
-        return self._t.descriptor.reduce_function(a, b)  # type: ignore[attr-defined]
+    def _merge_function(self) -> Callable[[Any, Any], Any]:
+        return self._t.descriptor.reduce_function  # type: ignore[attr-defined,no-any-return]
 
-    def _merge_ttl(self, a: Any, b: Any, now: int) -> tuple[Any, int] | None:
+    def _merge_ttl(
+        self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
+    ) -> tuple[Any, int] | None:
         # TtlReduceFunction: an absent side yields the other (even if that is absent too)
         if a is _ABSENT:
             return (None if b is _ABSENT else b), now
         if b is _ABSENT:
             return a, now
-        return self._combine(a, b), now
+        return combine(a, b), now
 
 
 class AggregatingState(_MergingState):
@@ -167,16 +243,18 @@ class AggregatingState(_MergingState):
             acc = fn.create_accumulator()
         self._write(m, self._ns, fn.add(value, acc))
 
-    def _combine(self, a: Any, b: Any) -> Any:
-        return self._t.descriptor.aggregate_function.merge(a, b)  # type: ignore[attr-defined]
+    def _merge_function(self) -> Callable[[Any, Any], Any]:
+        return self._t.descriptor.aggregate_function.merge  # type: ignore[attr-defined,no-any-return]
 
-    def _merge_ttl(self, a: Any, b: Any, now: int) -> tuple[Any, int] | None:
+    def _merge_ttl(
+        self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
+    ) -> tuple[Any, int] | None:
         # TtlAggregateFunction.merge: None when both sides are absent
         if a is _ABSENT:
             return None if b is _ABSENT else (b, now)
         if b is _ABSENT:
             return a, now
-        return self._combine(a, b), now
+        return combine(a, b), now
 
 
 class ReducingTable(StateTable):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -17,6 +18,7 @@ __all__ = ["KeyedStateSnapshot"]
 @dataclass
 class _StateSnapshot:
     table: StateTable
+    #: a copy of the state's descriptor, with its TTL config at the snapshot
     descriptor: StateDescriptor
     #: per key group: a core snapshot (StateMapSnapshot, or FlatMapSnapshot for map state)
     maps: dict[int, Any]
@@ -46,9 +48,11 @@ class KeyedStateSnapshot:
 
     def _add(self, table: StateTable) -> None:
         cleanup_now = self.timestamp if table.ttl and table.cleanup_full_snapshot else None
-        self._states[table.name] = _StateSnapshot(
-            table, table.descriptor, table.snapshot_maps(), cleanup_now, table.ttl
-        )
+        # the descriptor as the state used it, TTL config included: a later
+        # enable_time_to_live on the caller's object must not change a restore
+        descriptor = copy.copy(table.descriptor)
+        descriptor.ttl_config = table.ttl_config
+        self._states[table.name] = _StateSnapshot(table, descriptor, table.snapshot_maps(), cleanup_now, table.ttl)
 
     def _check(self) -> None:
         if self._released:
@@ -67,6 +71,8 @@ class KeyedStateSnapshot:
         return self._state(state_name).descriptor.kind
 
     def descriptor(self, state_name: str) -> StateDescriptor:
+        """The state's descriptor as it was at ``snapshot()`` (a copy, with the
+        TTL config the state had then)."""
         return self._state(state_name).descriptor
 
     def _state(self, state_name: str) -> _StateSnapshot:

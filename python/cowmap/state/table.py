@@ -7,7 +7,7 @@ view's current namespace, and do their work on the map of that key group.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
 from cowmap.state.descriptors import StateDescriptor
@@ -65,19 +65,34 @@ class StateTable:
         self.ticks = 1  # accesses until the next cleanup sweep
         self._interval = CLEANUP_BATCH
         self._idle_sweeps = 0
+        self.merging = False  # a merge_namespaces of this state is running
         self.configure(descriptor)
 
     # ------------------------------------------------------------ settings
 
     def configure(self, descriptor: StateDescriptor) -> None:
-        """(Re)bind the descriptor: its copier, functions and TTL settings."""
+        """(Re)bind the descriptor: its copier, functions and TTL settings.
+
+        ValueError, before anything changes, for another kind or for TTL
+        switched on or off: a state keeps the TTL setting it was made with (its
+        entries are stored with or without timestamps accordingly), as Flink
+        refuses a TTL serializer for state written without one and the
+        reverse. Another TTL, update type, visibility or cleanup is fine.
+        """
         if descriptor.kind != self.kind:
             raise ValueError(
                 f"state {descriptor.name!r} is registered as {self.kind} state; cannot use it as {descriptor.kind}"
             )
-        self.descriptor = descriptor
-        self.copy_value = descriptor.copier
         cfg = descriptor.ttl_config
+        if hasattr(self, "ttl") and bool(self.ttl) != (cfg is not None):
+            have, want = ("with", "without") if self.ttl else ("without", "with")
+            raise ValueError(
+                f"state {descriptor.name!r} is registered {have} TTL; it cannot be registered {want} TTL "
+                f"(its entries are stored {have} timestamps): use another state name"
+            )
+        self.descriptor = descriptor
+        self.ttl_config = cfg
+        self.copy_value = descriptor.copier
         self.ttl: int = cfg.ttl_ms if cfg is not None else 0
         self.update_on_read = cfg is not None and cfg.update_type is UpdateType.OnReadAndWrite
         self.return_expired = cfg is not None and cfg.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
@@ -253,6 +268,33 @@ class State:
             m.remove(self._b._key, self._ns)
         if self._t.cleanup_size:
             self._t.cleanup_step()
+
+    def _merge_sources(self, target: Any, sources: Iterable[Any]) -> dict[Any, None]:
+        """Check a ``merge_namespaces`` call before it changes anything: the
+        distinct namespaces of ``sources`` in order (as dict keys: membership in
+        O(1)). RuntimeError without a current key, TypeError for a target or
+        source that is None or unhashable, or ``sources`` that is no iterable
+        (a str or bytes is taken for one namespace given by mistake)."""
+        if self._b._kg is None:
+            raise self._no_key()
+        if target is None:
+            raise TypeError("target namespace must not be None (use VOID_NAMESPACE for no namespace)")
+        try:
+            hash(target)
+        except TypeError:
+            raise TypeError(f"target namespace must be hashable, got {type(target).__name__} {target!r}") from None
+        if type(sources) is not list and type(sources) is not tuple:
+            if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
+                raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}")
+        out: dict[Any, None] = {}
+        for ns in sources:
+            if ns is None:
+                raise TypeError("source namespace must not be None (use VOID_NAMESPACE for no namespace)")
+            try:
+                out[ns] = None
+            except TypeError:
+                raise TypeError(f"source namespace must be hashable, got {type(ns).__name__} {ns!r}") from None
+        return out
 
     def _no_key(self) -> RuntimeError:
         return RuntimeError(f"no current key: call set_current_key() before using state {self._t.name!r}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 
 __all__ = [
+    "MAX_CLEANUP_SIZE",
     "MAX_TIMESTAMP",
     "StateTtlConfig",
     "StateVisibility",
@@ -22,6 +23,10 @@ __all__ = [
 
 #: Java's Long.MAX_VALUE: the saturation point of ``ts + ttl``.
 MAX_TIMESTAMP = (1 << 63) - 1
+#: Java's Integer.MAX_VALUE: the largest incremental cleanup size (Flink's is an int).
+MAX_CLEANUP_SIZE = (1 << 31) - 1
+#: the longest TTL a ``timedelta`` can express, in ms
+_TIMEDELTA_MAX_MS = timedelta.max // timedelta(milliseconds=1)
 
 
 class UpdateType(enum.Enum):
@@ -57,6 +62,8 @@ def expired(ts: int, ttl: int, now: int) -> bool:
 
 
 def _ttl_millis(ttl: object) -> int:
+    """``ttl`` (a timedelta or int ms) in ms, at most ``MAX_TIMESTAMP``: a longer
+    TTL never expires either, and the clamp keeps it a 64-bit integer."""
     if isinstance(ttl, timedelta):
         ms = ttl // timedelta(milliseconds=1)
     elif isinstance(ttl, int) and not isinstance(ttl, bool):
@@ -66,6 +73,14 @@ def _ttl_millis(ttl: object) -> int:
     if ms <= 0:
         raise ValueError(f"ttl must be at least 1 ms, got {ttl!r}")
     return min(ms, MAX_TIMESTAMP)
+
+
+def _cleanup_size(size: object) -> int:
+    if not isinstance(size, int) or isinstance(size, bool):
+        raise TypeError(f"cleanup_size must be an int, not {type(size).__name__}")
+    if size <= 0:
+        raise ValueError(f"cleanup_size must be positive, got {size!r}")
+    return min(size, MAX_CLEANUP_SIZE)
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,14 @@ class StateTtlConfig:
     Flink; ``cleanup_in_background=False`` turns it off, ``cleanup_size`` and
     ``run_cleanup_for_every_record`` tune it, and ``cleanup_full_snapshot`` leaves
     expired values out of snapshots.
+
+    Every way of making a config (the constructor, the builder,
+    ``dataclasses.replace``) checks and normalises the fields alike: ``ttl_ms``
+    is int milliseconds or a ``timedelta`` (stored as ms), at least 1 ms, and
+    clamped to ``MAX_TIMESTAMP`` (Java's Long.MAX_VALUE: never expires);
+    ``cleanup_size`` is a positive int clamped to ``MAX_CLEANUP_SIZE``; the flags
+    are bools. TypeError for a wrong type (bool is no int here), ValueError for
+    a value out of range.
     """
 
     ttl_ms: int
@@ -100,15 +123,19 @@ class StateTtlConfig:
     TtlTimeCharacteristic = TtlTimeCharacteristic
 
     def __post_init__(self) -> None:
-        _ttl_millis(self.ttl_ms)
+        # frozen: normalise through object.__setattr__ (replace() comes here too)
+        object.__setattr__(self, "ttl_ms", _ttl_millis(self.ttl_ms))
+        object.__setattr__(self, "cleanup_size", _cleanup_size(self.cleanup_size))
+        for flag in ("cleanup_in_background", "incremental_cleanup", "run_cleanup_for_every_record",
+                     "cleanup_full_snapshot"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TypeError(f"{flag} must be a bool, not {type(getattr(self, flag)).__name__}")
         if not isinstance(self.update_type, UpdateType):
             raise TypeError(f"update_type must be an UpdateType, not {type(self.update_type).__name__}")
         if not isinstance(self.state_visibility, StateVisibility):
             raise TypeError(
                 f"state_visibility must be a StateVisibility, not {type(self.state_visibility).__name__}"
             )
-        if not isinstance(self.cleanup_size, int) or self.cleanup_size <= 0:
-            raise ValueError(f"cleanup_size must be a positive int, got {self.cleanup_size!r}")
 
     @staticmethod
     def new_builder(ttl: timedelta) -> StateTtlConfig.Builder:
@@ -117,7 +144,8 @@ class StateTtlConfig:
 
     @property
     def ttl(self) -> timedelta:
-        return timedelta(milliseconds=self.ttl_ms)
+        """The TTL as a timedelta; ``timedelta.max`` for a longer one (it never expires)."""
+        return timedelta(milliseconds=self.ttl_ms) if self.ttl_ms <= _TIMEDELTA_MAX_MS else timedelta.max
 
     def is_enabled(self) -> bool:
         return self.update_type is not UpdateType.Disabled
@@ -145,14 +173,14 @@ class StateTtlConfig:
         """Fluent builder with PyFlink's method names."""
 
         def __init__(self, ttl: timedelta) -> None:
-            self._cfg = StateTtlConfig(_ttl_millis(ttl))
+            self._cfg = StateTtlConfig(ttl)  # type: ignore[arg-type]  # normalised to ms
 
         def _set(self, **changes: object) -> StateTtlConfig.Builder:
             self._cfg = replace(self._cfg, **changes)  # type: ignore[arg-type]
             return self
 
         def set_ttl(self, ttl: timedelta) -> StateTtlConfig.Builder:
-            return self._set(ttl_ms=_ttl_millis(ttl))
+            return self._set(ttl_ms=ttl)
 
         def set_update_type(self, update_type: UpdateType) -> StateTtlConfig.Builder:
             return self._set(update_type=update_type)
@@ -173,6 +201,8 @@ class StateTtlConfig:
             return self._set(state_visibility=StateVisibility.NeverReturnExpired)
 
         def set_ttl_time_characteristic(self, characteristic: TtlTimeCharacteristic) -> StateTtlConfig.Builder:
+            if not isinstance(characteristic, TtlTimeCharacteristic):
+                raise TypeError(f"characteristic must be a TtlTimeCharacteristic, not {type(characteristic).__name__}")
             if characteristic is not TtlTimeCharacteristic.ProcessingTime:
                 raise ValueError("only TtlTimeCharacteristic.ProcessingTime is supported")
             return self
@@ -187,12 +217,13 @@ class StateTtlConfig:
         def cleanup_incrementally(
             self, cleanup_size: int = 5, run_cleanup_for_every_record: bool = False
         ) -> StateTtlConfig.Builder:
-            """Check ``cleanup_size`` entries on every access of the state (and on
-            every ``set_current_key`` if ``run_cleanup_for_every_record``)."""
+            """Check ``cleanup_size`` entries (a positive int, clamped to
+            ``MAX_CLEANUP_SIZE``) on every access of the state (and on every
+            ``set_current_key`` if ``run_cleanup_for_every_record``)."""
             return self._set(
                 incremental_cleanup=True,
                 cleanup_size=cleanup_size,
-                run_cleanup_for_every_record=bool(run_cleanup_for_every_record),
+                run_cleanup_for_every_record=run_cleanup_for_every_record,
             )
 
         def disable_cleanup_in_background(self) -> StateTtlConfig.Builder:
