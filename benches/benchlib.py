@@ -237,7 +237,8 @@ MAP_EQ_TOTAL = 500_000
 MAP_VS_VALUE_SIZE = 100
 FLINK_MAPSTATE_NOTE = (
     "fig 7 reference, not measured here: Flink 2.3.0 heap backend, MapState.get with TTL, 5000 keys, "
-    "random access (issue #3): 323 ns @1 entry/key, 1,207 @10, 10,705 @100, 44,689 @400 (x138 from 1 to 400)"
+    "random access, measured before this suite existed: 323 ns @1 entry/key, 1,207 @10, 10,705 @100, "
+    "44,689 @400 (x138 from 1 to 400); python -m cowmap.bench --with-flink measures Flink live"
 )
 
 

@@ -1,7 +1,7 @@
-"""Figures 12-14: the async state layer (``cowmap.asyncstate``) of issue #4.
+"""Figures 12-15: the async state layer (``cowmap.asyncstate``; docs/architecture.md#the-async-layer).
 
 Workload: records over keys drawn uniformly at random (fixed seed); per record a ValueState
-``value()`` then ``update(value + 1)``; the issue's 1,000,000 records over 100,000 keys (the
+``value()`` then ``update(value + 1)``; the target workload, 1,000,000 records over 100,000 keys (the
 module takes ~40 s, so it runs at that size by default, not only with ``COWMAP_BENCH_FULL=1``).
 
 - Sync path: ``set_current_key(k)``, ``update(value() + 1)`` per record.

@@ -1,4 +1,4 @@
-"""Figures 7-11: the keyed state layer (``cowmap.state``) of issue #3, point 9.
+"""Figures 7-11: the keyed state layer (``cowmap.state``; docs/architecture.md#keyed-state).
 
 Common setup
     Every backend has ``max_parallelism=128`` and a manual clock (``time_provider`` is a
@@ -20,8 +20,9 @@ Figure 7 -- MapState ``get`` / ``put`` with TTL, by entries per key (1, 10, 100,
     One access = ``set_current_key(k)`` + ``get(u)`` or ``put(u, u)`` on an existing user key,
     (k, u) uniform at random, gets and puts alternating; 100,000 accesses per round, 7 rounds.
     Figure: ns per access (set_current_key included); rows: ratio to the 1-entry/key figure,
-    target <= 2 (Flink 2.3's heap backend grows x138 from 1 to 400 entries/key, the issue's
-    measurement, printed as a note; not measured here). The 1-entry/key figure of each row is
+    target <= 2 (Flink 2.3's heap backend grows x138 from 1 to 400 entries/key, measured on Flink
+    2.3.0 before this suite existed and printed as a note, ``benchlib.FLINK_MAPSTATE_NOTE``; not
+    measured here). The 1-entry/key figure of each row is
     measured in the same test, one round of it (untimed by pytest-benchmark, timed by hand) before
     each round of the size measured, so load that drifts over the minutes the module takes hits
     both sides of a ratio alike; the 1-entry/key test alone is pytest-benchmark's @1 figure.

@@ -1,4 +1,4 @@
-"""The package imports, exports what DESIGN.md promises, and the README example runs."""
+"""The package imports, exports its public API (docs/architecture.md#conventions), and the README examples run."""
 
 import copy
 import re

@@ -31,7 +31,7 @@ cdef inline long _key_group(object key, long max_parallelism) except -1:
 
 
 def key_hash(key):
-    """The stable 32-bit hash of ``key``: Java's ``hashCode`` rules (see DESIGN.md §3).
+    """The stable 32-bit hash of ``key``: Java's ``hashCode`` rules (see keyhash.h).
 
     Equal keys get equal hashes, in every process (unlike ``hash()``, salted for str).
     """

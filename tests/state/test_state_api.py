@@ -1,6 +1,6 @@
 """The keyed-state API surface and its handling of bad input.
 
-Errors follow DESIGN.md §6: ``TypeError`` for wrong types (unhashable or None
+Errors follow docs/architecture.md#conventions: ``TypeError`` for wrong types (unhashable or None
 keys), ``ValueError`` for bad values (TTL <= 0, None in a ListState, a state name
 registered with another kind), ``RuntimeError`` for misuse (no current key, a
 released snapshot). Snapshots are copy-on-write and must be isolated from every

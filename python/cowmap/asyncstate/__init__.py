@@ -1,4 +1,4 @@
-"""Flink 2.x's async state API over cowmap's keyed state (DESIGN.md §4).
+"""Flink 2.x's async state API over cowmap's keyed state (see docs/architecture.md#the-async-layer).
 
 ``AsyncExecutionController`` runs records' async state requests in key order and
 in batches; ``StateFuture`` chains the results; the ``Mailbox`` is the task

@@ -1,4 +1,4 @@
-"""Flink-style keyed state on top of the compiled map (DESIGN.md §3).
+"""Flink-style keyed state on top of the compiled map (see docs/architecture.md#keyed-state).
 
     >>> from datetime import timedelta
     >>> from cowmap.state import KeyedStateBackend, StateTtlConfig, ValueStateDescriptor
