@@ -32,17 +32,6 @@ FORBIDDEN = [
     ("an issue number", re.compile(r"\bissue\s*" + "#" + r"?\s*\d", re.I)),
 ]
 
-#: Files with such references that are being changed by others now: each test below fails
-#: (strict xfail) as soon as its file is clean, so the entry is removed with the fix.
-PENDING = {
-    "python/cowmap/state/async_methods.py": (
-        'line 1: replace the section reference with "(see docs/architecture.md#the-async-layer)"'
-    ),
-    "tests/state/test_flink_parity.py": (
-        'line 1: drop the parenthesised issue number: "... Apache Flink 2.3.0 heap backend."'
-    ),
-}
-
 #: Links to files the README tells the reader to generate; allowed only while git ignores them.
 GENERATED = {("README.md", "cowmap-ttl.png")}
 
@@ -97,23 +86,10 @@ def _offenders() -> dict[str, list[str]]:
 
 
 def test_no_reference_leaves_the_repository() -> None:
-    bad = {p: hits for p, hits in _offenders().items() if p not in PENDING}
+    bad = _offenders()
     assert not bad, "references a reader of the repository cannot follow:\n" + "\n".join(
         f"  {p}:{hit}" for p, hits in sorted(bad.items()) for hit in hits
     ) + f"\npoint at {ARCHITECTURE} (with a #section anchor) or explain in place"
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param(p, marks=pytest.mark.xfail(strict=True, reason="being changed elsewhere: " + fix))
-        for p, fix in sorted(PENDING.items())
-    ],
-)
-def test_pending_reference(path: str) -> None:
-    """A known reference in a file others are changing: expected to fail until it is fixed, and
-    then (strict xfail) to fail as a reminder to remove its entry from PENDING."""
-    assert path not in _offenders(), PENDING[path]
 
 
 def _strip_code(text: str) -> str:

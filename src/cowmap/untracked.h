@@ -4,7 +4,7 @@
  * list per type.
  *
  * Why: the controller keeps the objects it makes hidden from the GC while they
- * are in flight (see _async.pyx, "GC visibility"), but CPython's default
+ * are in flight (see _future.pyx, "GC visibility"), but CPython's default
  * allocation (and Cython's free lists) track every new object, so each one was
  * tracked and at once untracked again: two linked-list updates that touch
  * neighbouring objects, three or four times per record. Objects made from

@@ -1,4 +1,4 @@
-"""Parity of cowmap's keyed state with the real Apache Flink 2.3.0 heap backend (issue 3, point 8).
+"""Parity of cowmap's keyed state with the real Apache Flink 2.3.0 heap backend.
 
 Random operation traces (tests/flink_parity/trace.py) are replayed against Flink's
 ``HeapKeyedStateBackend`` by a small Java program of ours (tests/flink_parity/FlinkTraceReplay.java,

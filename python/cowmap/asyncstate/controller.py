@@ -17,9 +17,11 @@ Flink 2.x's AEC (FLIP-425) over cowmap's keyed state, single task thread:
 
 The controller is compiled (``src/cowmap/_controller.pyx``; the futures and
 contexts it drives are in ``_future.pyx``). A batch hands the requests of one state and type to that state in one call:
-ValueState reads and writes go to the core as one multi-map call
-(``multi_get`` / ``multi_put``); other requests still run one by one through
-the synchronous methods, with exactly their semantics.
+ValueState reads and writes and MapState gets and puts go to the core as one
+multi-map call (``multi_get`` / ``multi_put`` / ``multi_replace``); other
+requests run one by one through the synchronous methods, with exactly their
+semantics (as does a group whose vectorised call fails: each request then gets
+its own outcome).
 """
 
 from cowmap._controller import AsyncExecutionController, EpochMode

@@ -105,7 +105,7 @@ def _find(rows: list[dict], system: str, layout: str, ttl: str, e: int) -> dict 
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    """The issue's targets (default cleanup, same run), each with its figures and verdict
+    """The state-layout benchmark's targets (README, 'Choosing a state layout'; default cleanup, same run), each with its figures and verdict
     (``met`` is None when the run did not measure what it needs)."""
     es = sorted({r["entries_per_key"] for r in rows if r["system"] == "cowmap"})
     out = []

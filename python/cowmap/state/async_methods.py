@@ -1,4 +1,4 @@
-"""The async twins of the state methods (DESIGN.md §4), mixed into the state classes.
+"""The async twins of the state methods (see docs/architecture.md#the-async-layer), mixed into the state classes.
 
 Each queues a request with the backend's ``AsyncExecutionController`` (made
 with the backend) for the record being processed, and returns a
