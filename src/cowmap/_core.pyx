@@ -11,7 +11,7 @@ from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.string cimport memset
 from cpython.mem cimport PyMem_RawFree
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from cpython.number cimport PyIndex_Check
+from cpython.number cimport PyIndex_Check, PyNumber_Index
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 
@@ -108,6 +108,18 @@ cdef int _sweep_args(object max_entries, object removed, Py_ssize_t *n, PyObject
             raise TypeError(f"removed must be a list or None, not {type(removed).__name__}")
         sink[0] = <PyObject *>removed
     return 0
+
+
+cdef uint32_t _visit_budget(object max_empty_buckets) except 0:
+    """An incremental visitor's bound on empty buckets per call, checked."""
+    n = max_empty_buckets
+    if type(n) is not int:
+        if not PyIndex_Check(n):
+            raise TypeError(f"max_empty_buckets must be an int, not {type(n).__name__}")
+        n = PyNumber_Index(n)
+    if not 1 <= n <= 0xFFFFFFFF:
+        raise ValueError(f"max_empty_buckets must be in [1, 2**32 - 1], got {n}")
+    return n
 
 
 cdef int _check_copier(object copier) except -1:
@@ -404,9 +416,7 @@ cdef class CopyOnWriteStateMap:
 
     def incremental_visitor(self, max_empty_buckets=128):
         """A :class:`StateIncrementalVisitor` scanning at most ``max_empty_buckets``
-        empty buckets per call."""
-        if max_empty_buckets < 1:
-            raise ValueError(f"max_empty_buckets must be >= 1, got {max_empty_buckets}")
+        empty buckets per call (1 to 2**32 - 1)."""
         return StateIncrementalVisitor(self, max_empty_buckets)
 
     @property
@@ -539,7 +549,7 @@ cdef class _SnapshotIterator:
     cdef cm_snapit it
     cdef int with_ts
 
-    def __cinit__(self, StateMapSnapshot snap, bint with_ts):
+    def __cinit__(self, StateMapSnapshot snap not None, bint with_ts):
         self.snap = snap
         self.with_ts = with_ts
         cm_snapit_init(&snap.s, &self.it)
@@ -566,7 +576,7 @@ cdef class _MapIterator:
     cdef list buf
     cdef Py_ssize_t bi
 
-    def __cinit__(self, CopyOnWriteStateMap m):
+    def __cinit__(self, CopyOnWriteStateMap m not None):
         self._map = m
         self.base_cap = m.m.primary.capacity
         self.j = 0
@@ -607,14 +617,17 @@ cdef class StateIncrementalVisitor:
     when the visit is done. Tolerates changes and rehash: every entry present
     for the whole visit is returned at least once (around a rehash, some may
     be returned twice).
+
+    ``StateIncrementalVisitor(m, max_empty_buckets)`` is
+    ``m.incremental_visitor(max_empty_buckets)``.
     """
     cdef CopyOnWriteStateMap _map
     cdef cm_cursor cur
     cdef uint32_t max_empty
 
-    def __cinit__(self, CopyOnWriteStateMap m, uint32_t max_empty):
+    def __cinit__(self, CopyOnWriteStateMap m not None, max_empty_buckets):
         self._map = m
-        self.max_empty = max_empty
+        self.max_empty = _visit_budget(max_empty_buckets)
         cm_cursor_reset(&m.m, &self.cur)
 
     def has_next(self):

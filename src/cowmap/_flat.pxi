@@ -229,7 +229,7 @@ cdef class _FlatSnapshotIterator:
     cdef fm_pos *order  # insertion order: positions, from fm_snap_order
     cdef size_t n, k
 
-    def __cinit__(self, FlatMapSnapshot snap, bint with_ts):
+    def __cinit__(self, FlatMapSnapshot snap not None, bint with_ts):
         self.snap = snap
         self.with_ts = with_ts
 
