@@ -275,7 +275,8 @@ cdef class CopyOnWriteStateMap:
         """TTL read in one lookup: the state of ``(key, namespace)`` if it is
         live at ``now`` (not ``ts + ttl <= now``), with its timestamp set to
         ``now`` when ``refresh``; None when absent; :data:`EXPIRED` when
-        expired, the entry left untouched."""
+        expired, the entry left untouched. ``ttl`` (ms) must be > 0
+        (``ValueError``)."""
         return cm_get_unexpired(&self.m, key, namespace, _as_time_for(&self.m, key, namespace, now, "now"),
                                 _as_ts(ttl, "ttl"),
                                 1 if refresh else 0, EXPIRED)
@@ -385,7 +386,8 @@ cdef class CopyOnWriteStateMap:
         Each call examines about ``max_entries`` entries (whole bucket chains)
         from where the previous call stopped, wrapping around, like Flink's
         incremental TTL cleanup; ``max_entries=None`` makes one full pass.
-        The expiry check runs in C. Returns the number of entries removed;
+        The expiry check runs in C; ``ttl`` (ms) must be > 0 (``ValueError``).
+        Returns the number of entries removed;
         if ``removed`` is a list, each removed entry is appended to it as
         ``(key, namespace, state)``.
         """
@@ -822,11 +824,14 @@ def multi_get(list maps not None, list kgs not None, list keys not None, list na
 
     With ``ttl > 0`` each read is :meth:`CopyOnWriteStateMap.get_unexpired` at
     ``now`` (``refresh``: set the timestamps of live entries to ``now``);
-    otherwise :meth:`CopyOnWriteStateMap.get`. A missing map reads as absent.
+    with ``ttl == 0`` (no TTL) :meth:`CopyOnWriteStateMap.get`; a negative
+    ``ttl`` is a ``ValueError``. A missing map reads as absent.
     Returns the list of results (states, None, or :data:`EXPIRED`).
     """
     _columns_len(kgs, keys, namespaces, None)
     cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
+    if c_ttl != 0:
+        cm_check_ttl(c_ttl)
     return _multi(_MULTI_GET, maps, kgs, keys, namespaces, None, c_now, c_ttl, 1 if refresh else 0)
 
 

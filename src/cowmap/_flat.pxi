@@ -97,7 +97,8 @@ cdef class FlatStateMap:
     def get_unexpired(self, key, namespace, now, ttl, refresh=False):
         """As :meth:`CopyOnWriteStateMap.get_unexpired`: the state if live at
         ``now``, with its timestamp set to ``now`` when ``refresh``; None when
-        absent; :data:`EXPIRED` when expired (left in place)."""
+        absent; :data:`EXPIRED` when expired (left in place). ``ttl`` (ms)
+        must be > 0 (``ValueError``)."""
         cdef int64_t t = _flat_time_for(&self.m, key, namespace, now, "now")
         return fm_get_unexpired(&self.m, key, namespace, t, _as_ts(ttl, "ttl"), 1 if refresh else 0, EXPIRED)
 
@@ -130,7 +131,8 @@ cdef class FlatStateMap:
     def sweep_expired(self, now, ttl, max_entries=5, removed=None):
         """Remove entries with ``ts + ttl <= now`` (saturating), examining about
         ``max_entries`` entries from where the last call stopped
-        (``None``: one full pass). Returns how many were removed; with a list
+        (``None``: one full pass); ``ttl`` (ms) must be > 0 (``ValueError``).
+        Returns how many were removed; with a list
         ``removed``, each goes to it as ``(key, namespace, state)``."""
         cdef Py_ssize_t n
         cdef PyObject *sink

@@ -1799,8 +1799,16 @@ static PyObject *cm_chain_list(const cm_map *m, const cm_vpos *vp) {
 
 /* ------------------------------------------------------------ TTL sweep */
 
+/* The one check of a TTL argument, for every map and entry point that takes
+ * one: cm_expired's saturating sum is defined only for ttl > 0. */
+static inline int cm_check_ttl(int64_t ttl) {
+    if (CM_LIKELY(ttl > 0)) return 0;
+    PyErr_Format(PyExc_ValueError, "ttl must be > 0 (milliseconds), got %lld", (long long)ttl);
+    return -1;
+}
+
 static inline int cm_expired(int64_t ts, int64_t ttl, int64_t now) {
-    /* ts + ttl <= now, the sum saturating at INT64_MAX as in Flink's TtlUtils (ttl > 0) */
+    /* ts + ttl <= now, the sum saturating at INT64_MAX as in Flink's TtlUtils (ttl > 0: cm_check_ttl) */
     int64_t end = ts > INT64_MAX - ttl ? INT64_MAX : ts + ttl;
     return end <= now;
 }
@@ -1858,8 +1866,7 @@ CM_ALWAYS_INLINE static inline void cm_visit_prefetch(const cm_map *m, uint32_t 
  * examined (or max_entries empty buckets scanned); wraps around at the end.
  * max_entries < 0: one full pass. Never calls into Python for the check. */
 static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) {
-    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return -1; }
-    if (cm_enter(m) < 0) return -1;
+    if (cm_check_ttl(ttl) < 0 || cm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
     if (full || m->sweep.phase >= 2) cm_cursor_reset(m, &m->sweep);
@@ -1907,8 +1914,7 @@ static PyObject *cm_read_touch(cm_map *m, const cm_probe *p, cm_loc *loc, int64_
 static PyObject *cm_get_unexpired(cm_map *m, PyObject *key, PyObject *ns, int64_t now, int64_t ttl,
                                   int refresh, PyObject *expired) {
     cm_probe p; cm_loc loc; PyObject *r = NULL;
-    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return NULL; }
-    if (cm_enter(m) < 0) return NULL;
+    if (cm_check_ttl(ttl) < 0 || cm_enter(m) < 0) return NULL;
     if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         if (!loc.found) {
             r = Py_None; Py_INCREF(r);

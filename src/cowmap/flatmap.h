@@ -530,6 +530,7 @@ static PyObject *fm_get(fm_map *m, PyObject *key, PyObject *ns) {
 static PyObject *fm_get_unexpired(fm_map *m, PyObject *key, PyObject *ns, int64_t now, int64_t ttl,
                                   int refresh, PyObject *expired) {
     uint32_t k, i;
+    if (cm_check_ttl(ttl) < 0) return NULL;
     int r = fm_lookup(m, key, ns, &k, &i);
     if (r < 0) return NULL;
     PyObject *v;
@@ -628,8 +629,7 @@ CM_ALWAYS_INLINE static inline void fm_hint_at(const fm_map *m, uint32_t h, int 
  * removed entry goes to `sink` (a list, or NULL) as (key, ns, state). Returns
  * the number removed, or -1. */
 static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) {
-    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return -1; }
-    if (fm_enter(m) < 0) return -1;
+    if (cm_check_ttl(ttl) < 0 || fm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
     uint64_t total = m->slots, scanned = 0;
