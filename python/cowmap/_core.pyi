@@ -29,7 +29,10 @@ class CopyOnWriteStateMap:
     Single writer: methods that change the map (and ``get``, which may run a
     step of incremental rehash or copy a shared state) must not be called from
     two threads at once. A :class:`StateMapSnapshot` may be read from another
-    thread while the owner thread keeps writing.
+    thread while the owner thread keeps writing. A call back into the map from a
+    key's ``__eq__``/``__hash__``, a copier or a transform function raises
+    ``RuntimeError``, except ``len()``, the properties, ``memory_stats``, ``prefetch``,
+    making an iterator or visitor, and reading or releasing a snapshot.
     """
 
     def __init__(self, capacity: int = 128, copier: Callable[[Any], Any] | None = None) -> None: ...
@@ -95,7 +98,12 @@ class StateMapSnapshot:
 
 class FlatStateMap:
     """A ``(key, namespace)`` map with its entries inline in an open-addressed table:
-    one cache miss per lookup in a big map. Holds MapState's user entries."""
+    one cache miss per lookup in a big map. Holds MapState's user entries.
+
+    Threading and re-entrancy as for :class:`CopyOnWriteStateMap`: a call back into the
+    map from a key's ``__eq__``/``__hash__`` or a copier raises ``RuntimeError``, except
+    ``len()``, the properties, ``prefetch`` and reading or releasing a snapshot.
+    """
 
     def __init__(self, copier: Callable[[Any], Any] | None = None, max_shift: int | None = None) -> None: ...
     def __len__(self) -> int: ...

@@ -210,8 +210,12 @@ cdef class CopyOnWriteStateMap:
     Threading: single writer. Every method (``get`` included: it may run a
     rehash step or copy a shared state) must be called from one thread at a
     time; a snapshot may be read from another thread while the owner writes.
-    Re-entrant use from a key's ``__eq__``/``__hash__``, a copier or a
-    transform function raises ``RuntimeError``.
+    A call back into the map from a key's ``__eq__``/``__hash__``, a copier or
+    a transform function raises ``RuntimeError``; allowed then are only calls
+    that read counters (``len()``, the properties, :meth:`memory_stats`),
+    :meth:`prefetch` (skipped), making an iterator or a visitor (whose steps
+    raise), and reading or releasing a snapshot (the release takes effect
+    when the running call ends).
 
     Timestamps (``ts``, ``now``) are int milliseconds, or a time provider (a
     callable returning them) that the map calls once per call;

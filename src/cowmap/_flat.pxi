@@ -29,8 +29,10 @@ cdef class FlatStateMap:
     that order (``iter_with_timestamps(insertion_order=True)``).
 
     Threading and re-entrancy as for :class:`CopyOnWriteStateMap`: one writer;
-    a snapshot may be read from another thread; a key's ``__eq__``/``__hash__``
-    or a copier that calls back into the map raises ``RuntimeError``.
+    a snapshot may be read from another thread; a call back into the map from
+    a key's ``__eq__``/``__hash__`` or a copier raises ``RuntimeError``, except
+    ``len()``, the properties, :meth:`prefetch` and reading or releasing a
+    snapshot (released at once).
 
     >>> m = FlatStateMap()
     >>> m.put("user-1", "window-0", 3)

@@ -469,7 +469,8 @@ static inline void fm_set_state(fm_map *m, cm_entry *e, PyObject *state, int64_t
 /* 1 added, 0 overwritten, -1 error. `state` borrowed. */
 static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
     cm_probe p;
-    if (cm_make_probe(&p, key, ns) < 0 || fm_enter(m) < 0) return -1;
+    if (fm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) < 0) { fm_leave(m); return -1; }
     uint32_t k = fm_dir_index(m, p.hash), i;
     int r = fm_find(m->dir[k], &p, &i);
     if (r >= 0 && fm_touch_at(m, k, i) < 0) r = -1;
@@ -505,12 +506,16 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
 }
 
 /* Looks up (key, ns): 1 found (*k its directory slot, *slot its slot), 0
- * absent, -1 error. Enters the map (and leaves it on error). */
+ * absent, -1 error. Enters the map before the key's __hash__ runs, as every
+ * call does (and leaves it on error). */
 static int fm_lookup(fm_map *m, PyObject *key, PyObject *ns, uint32_t *k, uint32_t *slot) {
     cm_probe p;
-    if (cm_make_probe(&p, key, ns) < 0 || fm_enter(m) < 0) return -1;
-    *k = fm_dir_index(m, p.hash);
-    int r = fm_find(m->dir[*k], &p, slot);
+    if (fm_enter(m) < 0) return -1;
+    int r = cm_make_probe(&p, key, ns);
+    if (r == 0) {
+        *k = fm_dir_index(m, p.hash);
+        r = fm_find(m->dir[*k], &p, slot);
+    }
     if (r < 0) fm_leave(m);
     return r;
 }
@@ -674,10 +679,16 @@ static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
 
 static int fm_snapshot(fm_map *m, fm_snap *snap) {
     uint32_t n = 0;
+    if (fm_enter(m) < 0) return -1;
     for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) n++;
     snap->segs = PyMem_RawMalloc((size_t)n * sizeof(fm_seg *));
-    if (!snap->segs) { PyErr_NoMemory(); return -1; }
-    if (cm_u32vec_push(&m->snaps, m->version) < 0) { PyMem_RawFree(snap->segs); snap->segs = NULL; return -1; }
+    if (!snap->segs || cm_u32vec_push(&m->snaps, m->version) < 0) {
+        if (!snap->segs) PyErr_NoMemory();
+        PyMem_RawFree(snap->segs);
+        snap->segs = NULL;
+        fm_leave(m);
+        return -1;
+    }
     snap->nsegs = 0;
     for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) {
         m->segs[k]->refs++;
@@ -687,6 +698,7 @@ static int fm_snapshot(fm_map *m, fm_snap *snap) {
     snap->size = m->size;
     m->required = m->version;
     m->version++;
+    fm_leave(m);
     return 0;
 }
 

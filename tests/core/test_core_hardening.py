@@ -14,6 +14,7 @@ import pytest
 from cowmap import CopyOnWriteStateMap, StateIncrementalVisitor
 from cowmap import _async, _core
 from cowmap._core import FlatStateMap
+from core_helpers import CollidingKey
 
 # --------------------------------------------------------------------------- typed arguments
 
@@ -121,3 +122,169 @@ def test_good_ttls_behave_alike_in_both_maps(kind: type) -> None:
     assert _core.multi_get([m], [0], [1], [0], 10, 0) == ["v"]  # ttl 0: a plain read
     assert _core.multi_get([m], [0], [1], [0], 10, 5) == [_core.EXPIRED]
     assert m.sweep_expired(10, 5, None) == 1 and len(m) == 0
+
+
+# --------------------------------------------------------------------------- re-entrant use
+
+
+class _Hook(CollidingKey):
+    """A key that, once armed, runs an action on the map from its ``__eq__`` or its
+    ``__hash__`` (whichever ``armed[0]`` names) and records what the action did."""
+
+    __slots__ = ()
+    armed: list[Any] | None = None  # [where, action, outcomes]
+
+    @staticmethod
+    def _fire(where: str) -> None:
+        a = _Hook.armed
+        if a is not None and a[0] == where:
+            _Hook.armed = None  # once, and not from the action itself
+            try:
+                a[2].append(("returned", a[1]()))
+            except BaseException as e:  # the test looks at it
+                a[2].append(("raised", e))
+
+    def __hash__(self) -> int:
+        _Hook._fire("hash")
+        return self.h
+
+    def __eq__(self, other: object) -> bool:
+        _Hook._fire("eq")
+        return CollidingKey.__eq__(self, other)
+
+
+def _guarded_calls(kind: type) -> dict[str, Callable[[Any], Any]]:
+    """Every call into map ``m`` that reads or changes its entries."""
+    calls: dict[str, Callable[[Any], Any]] = {
+        "put": lambda m: m.put("x", 0, 1),
+        "get": lambda m: m.get("other", 0),
+        "get_unexpired": lambda m: m.get_unexpired("other", 0, 10, 5),
+        "contains_key": lambda m: m.contains_key("other", 0),
+        "timestamp": lambda m: m.timestamp("other", 0),
+        "remove": lambda m: m.remove("other", 0),
+        "remove_and_get_old": lambda m: m.remove_and_get_old("other", 0),
+        "sweep_expired": lambda m: m.sweep_expired(10**6, 5, None),
+        "snapshot": lambda m: m.snapshot(),
+        "iter": lambda m: next(iter(m)),
+        "multi_get": lambda m: _core.multi_get([m], [0], ["other"], [0]),
+        "multi_get-ttl": lambda m: _core.multi_get([m], [0], ["other"], [0], 10, 5),
+        "multi_put": lambda m: _core.multi_put([m], [0], ["x"], [0], [1]),
+        "multi_replace": lambda m: _core.multi_replace([m], [0], ["other"], [0], [2]),
+    }
+    if kind is CopyOnWriteStateMap:
+        calls.update({
+            "get_with_timestamp": lambda m: m.get_with_timestamp("other", 0),
+            "replace": lambda m: m.replace("other", 0, 2),
+            "get_touch": lambda m: m.get_touch("other", 0, 7),
+            "set_timestamp": lambda m: m.set_timestamp("other", 0, 7),
+            "__contains__": lambda m: ("other", 0) in m,
+            "put_and_get_old": lambda m: m.put_and_get_old("x", 0, 1),
+            "transform": lambda m: m.transform("x", 0, 1, lambda old, v: v),
+            "get_many": lambda m: m.get_many(["other"], 0),
+            "put_many": lambda m: m.put_many(["x"], 0, [1]),
+            "contains_many": lambda m: m.contains_many(["other"], 0),
+            "remove_many": lambda m: m.remove_many(["other"], 0),
+            "reclaim": lambda m: m.reclaim(),
+            "visitor.next_entries": lambda m: m.incremental_visitor().next_entries(),
+        })
+    return calls
+
+
+def _allowed_calls(kind: type) -> dict[str, Callable[[Any, Any], Any]]:
+    """The calls the maps' docstrings allow while the map is in use: reading counters, a
+    prefetch hint, and reading or releasing a snapshot (``s``, taken before)."""
+    calls: dict[str, Callable[[Any, Any], Any]] = {
+        "len": lambda m, s: len(m),
+        "prefetch": lambda m, s: m.prefetch("other", 0),
+        "version": lambda m, s: m.version,
+        "is_rehashing": lambda m, s: m.is_rehashing,
+        "repr": lambda m, s: repr(m),
+        "snapshot-read": lambda m, s: (len(s), len(list(s)), len(list(s.iter_with_timestamps()))),
+        "snapshot-release": lambda m, s: s.release(),
+    }
+    if kind is CopyOnWriteStateMap:
+        calls.update({
+            "capacity": lambda m, s: m.capacity,
+            "snapshot_versions": lambda m, s: m.snapshot_versions,
+            "highest_required_snapshot_version": lambda m, s: m.highest_required_snapshot_version,
+            "copier": lambda m, s: m.copier,
+            "memory_stats": lambda m, s: m.memory_stats()["live_entries"],
+            "incremental_visitor": lambda m, s: type(m.incremental_visitor()).__name__,
+        })
+    else:
+        calls["segments_depth"] = lambda m, s: m.segments_depth
+    return calls
+
+
+def _outer_call(m: Any, outer: str) -> Any:
+    """The call during which the armed key's __eq__ or __hash__ runs."""
+    if outer == "put":
+        return m.put(_Hook(2, h=3), 0, "two")
+    return m.contains_key(_Hook(2, h=3), 0)
+
+
+def _fresh_map(kind: type) -> Any:
+    m = kind()
+    m.put(_Hook(1, h=3), 0, "one", 1)
+    m.put("other", 0, "other", 1)
+    return m
+
+
+def _run_armed(m: Any, where: str, outer: str, action: Callable[[], Any]) -> tuple[str, Any]:
+    outcomes: list[tuple[str, Any]] = []
+    _Hook.armed = [where, action, outcomes]
+    try:
+        _outer_call(m, outer)
+    finally:
+        _Hook.armed = None
+    assert len(outcomes) == 1, "the key's hook did not run"
+    return outcomes[0]
+
+
+def _guarded_cases() -> list[Any]:
+    return [pytest.param(kind, name, id=f"{kind.__name__}-{name}")
+            for kind in MAP_KINDS for name in _guarded_calls(kind)]
+
+
+def _allowed_cases() -> list[Any]:
+    return [pytest.param(kind, name, id=f"{kind.__name__}-{name}")
+            for kind in MAP_KINDS for name in _allowed_calls(kind)]
+
+
+@pytest.mark.parametrize("outer", ["put", "contains_key"])
+@pytest.mark.parametrize("where", ["eq", "hash"])
+@pytest.mark.parametrize(("kind", "name"), _guarded_cases())
+def test_calls_back_into_the_map_from_a_key_raise(kind: type, name: str, where: str, outer: str) -> None:
+    m = _fresh_map(kind)
+    with m.snapshot() as s:  # (copy-on-write on: the outer put copies what it changes)
+        what, got = _run_armed(m, where, outer, lambda: _guarded_calls(kind)[name](m))
+        assert what == "raised" and type(got) is RuntimeError, (what, got)
+        assert f"{kind.__name__} used re-entrantly" in str(got)
+        assert len(s) == 2
+    # the inner call changed nothing; the outer one did its work
+    assert not m.contains_key("x", 0)
+    assert m.get("other", 0) == "other" and m.timestamp("other", 0) == 1
+    assert m.contains_key(_Hook(2, h=3), 0) == (outer == "put")
+    assert len(m) == len(list(m)) == (3 if outer == "put" else 2)
+
+
+@pytest.mark.parametrize("where", ["eq", "hash"])
+@pytest.mark.parametrize(("kind", "name"), _allowed_cases())
+def test_reads_of_counters_and_snapshots_are_allowed_from_a_key(kind: type, name: str, where: str) -> None:
+    m = _fresh_map(kind)
+    s = m.snapshot()
+    expected = _allowed_calls(kind)[name](m, s) if name != "snapshot-release" else None
+    what, got = _run_armed(m, where, "put", lambda: _allowed_calls(kind)[name](m, s))
+    assert what == "returned", got
+    if name not in ("version", "repr", "memory_stats", "snapshot_versions", "highest_required_snapshot_version"):
+        assert got == expected  # as outside, before the put
+    if name == "snapshot-release":
+        assert s.released
+        with pytest.raises(RuntimeError, match="released"):
+            len(s)
+        if kind is CopyOnWriteStateMap:
+            assert m.snapshot_versions == []  # a release while in use takes effect when the call ends
+    else:
+        assert sorted(map(repr, s)) == sorted(map(repr, [(_Hook(1, h=3), 0, "one"), ("other", 0, "other")]))
+        s.release()
+    assert m.get(_Hook(2, h=3), 0) == "two" and len(m) == len(list(m)) == 3
