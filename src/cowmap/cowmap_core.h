@@ -24,7 +24,8 @@
  *
  * All functions run with the GIL held. A `busy` flag rejects re-entrant use
  * (a key's __eq__, a copier or a transform function calling back into the
- * map); a last reference to an object is released only once the map is
+ * map) and calls from a second thread the GIL switched to while that code
+ * ran (the map records which thread holds it, to say which); a last reference to an object is released only once the map is
  * consistent again (other DECREFs run no Python code and happen at once).
  * Memory is taken with PyMem_Raw*, and entry chunks and full bucket pages
  * with cm_ha_alloc (huge pages where the OS grants them, hugealloc.h); both
@@ -164,6 +165,7 @@ typedef struct {
     uint32_t last_ns_entry; /* dedupes equal namespace objects (as Flink does) */
     PyObject *copier;     /* owned; NULL = immutable states */
     int busy;
+    unsigned long owner;  /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
     cm_cursor sweep;
 } cm_map;
@@ -695,14 +697,28 @@ static inline int cm_find(const cm_map *m, const cm_table *t, const cm_probe *p,
 static void cm_release_now(cm_map *m, uint32_t version);
 static void cm_reclaim_some(cm_map *m, size_t budget);
 
+/* The error for a call into a map that is busy, with `owner` the thread that
+ * made it so. A busy map is paused in Python code it runs (a key's __eq__ or
+ * __hash__, a copier, ...): the call came from that code, or from another
+ * thread the GIL switched to meanwhile. The maps of both kinds say which. */
+static int cm_busy_error(const char *map, const char *callbacks, unsigned long owner) {
+    if (owner != PyThread_get_thread_ident())
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s used from two threads at once: a map has a single writer, and only "
+                     "its snapshots may be used from another thread", map);
+    else
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s used re-entrantly (from %s); those must not call back into the map",
+                     map, callbacks);
+    return -1;
+}
+
 static inline int cm_enter(cm_map *m) {
-    if (CM_UNLIKELY(m->busy)) {
-        PyErr_SetString(PyExc_RuntimeError,
-            "CopyOnWriteStateMap used re-entrantly (from a key's __eq__/__hash__, a copier or a "
-            "transform function); those must not call back into the map");
-        return -1;
-    }
+    if (CM_UNLIKELY(m->busy))
+        return cm_busy_error("CopyOnWriteStateMap",
+                             "a key's __eq__/__hash__, a copier or a transform function", m->owner);
     m->busy = 1;
+    m->owner = PyThread_get_thread_ident();
     return 0;
 }
 
@@ -1675,6 +1691,7 @@ static void cm_release(cm_map *m, cm_snap *s) {
         return;
     }
     m->busy = 1;
+    m->owner = PyThread_get_thread_ident();
     cm_release_now(m, s->version);
     cm_reclaim_some(m, CM_RECLAIM_EAGER);
     cm_leave(m);

@@ -89,6 +89,7 @@ typedef struct {
     uint64_t seq;      /* the insertion sequence number of the next new entry */
     PyObject *copier;  /* borrowed from the Python object; NULL = immutable states */
     int busy;
+    unsigned long owner; /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;
     uint32_t sweep_dir, sweep_slot; /* incremental sweep position */
 } fm_map;
@@ -258,13 +259,10 @@ static int fm_init(fm_map *m, uint32_t max_shift) {
 }
 
 static int fm_enter(fm_map *m) {
-    if (CM_UNLIKELY(m->busy)) {
-        PyErr_SetString(PyExc_RuntimeError,
-            "FlatStateMap used re-entrantly (from a key's __eq__/__hash__ or a copier); "
-            "those must not call back into the map");
-        return -1;
-    }
+    if (CM_UNLIKELY(m->busy))
+        return cm_busy_error("FlatStateMap", "a key's __eq__/__hash__ or a copier", m->owner);
     m->busy = 1;
+    m->owner = PyThread_get_thread_ident();
     return 0;
 }
 
@@ -717,7 +715,10 @@ static void fm_release(fm_map *m, fm_snap *snap) {
     m->snaps.n = w;
     m->required = w ? m->snaps.a[w - 1] : 0;
     int was_busy = m->busy;
-    m->busy = 1;
+    if (!was_busy) {
+        m->busy = 1;
+        m->owner = PyThread_get_thread_ident();
+    }
     for (uint32_t j = 0; j < snap->nsegs; j++) {
         fm_seg *s = snap->segs[j];
         if (s->copies) {

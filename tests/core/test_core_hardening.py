@@ -7,6 +7,7 @@ before it is read: wrong types are ``TypeError``, bad values ``ValueError``, mis
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 import pytest
@@ -288,3 +289,69 @@ def test_reads_of_counters_and_snapshots_are_allowed_from_a_key(kind: type, name
         assert sorted(map(repr, s)) == sorted(map(repr, [(_Hook(1, h=3), 0, "one"), ("other", 0, "other")]))
         s.release()
     assert m.get(_Hook(2, h=3), 0) == "two" and len(m) == len(list(m)) == 3
+
+
+# --------------------------------------------------------------------------- two threads
+
+
+class _Gate(CollidingKey):
+    """A key whose ``__eq__``, once armed, holds the map in use (the comparison runs
+    inside a map call) until another thread has made its own call."""
+
+    __slots__ = ()
+    armed: tuple[threading.Event, threading.Event] | None = None  # (held, done)
+
+    def __eq__(self, other: object) -> bool:
+        gate = _Gate.armed
+        if gate is not None:
+            _Gate.armed = None
+            gate[0].set()
+            gate[1].wait()
+        return CollidingKey.__eq__(self, other)
+
+    __hash__ = CollidingKey.__hash__
+
+
+_OTHER_THREAD_CALLS: dict[str, Callable[[Any], Any]] = {
+    "put": lambda m: m.put("x", 0, 1),
+    "get": lambda m: m.get("other", 0),
+    "get_unexpired": lambda m: m.get_unexpired("other", 0, 10, 5),
+    "remove": lambda m: m.remove("other", 0),
+    "sweep_expired": lambda m: m.sweep_expired(10**6, 5, None),
+    "snapshot": lambda m: m.snapshot(),
+    "multi_get": lambda m: _core.multi_get([m], [0], ["other"], [0]),
+}
+
+
+@pytest.mark.parametrize("name", list(_OTHER_THREAD_CALLS))
+@pytest.mark.parametrize("kind", MAP_KINDS, ids=lambda k: k.__name__)
+def test_a_call_from_a_second_thread_while_the_map_is_in_use_says_two_threads(kind: type, name: str) -> None:
+    m = kind()
+    m.put(_Gate(1, h=3), 0, "one")
+    m.put("other", 0, "other", 1)
+    held, done = threading.Event(), threading.Event()
+    seen: list[BaseException | None] = []
+
+    def second() -> None:
+        held.wait()
+        try:
+            _OTHER_THREAD_CALLS[name](m)
+            seen.append(None)
+        except BaseException as e:  # the main thread looks at it
+            seen.append(e)
+        finally:
+            done.set()
+
+    t = threading.Thread(target=second)
+    t.start()
+    _Gate.armed = (held, done)
+    try:
+        assert m.put(_Gate(2, h=3), 0, "two")  # its __eq__ waits for the second thread's call
+    finally:
+        _Gate.armed = None
+        held.set()  # (if the gate never ran, the thread still ends)
+        t.join()
+    assert len(seen) == 1 and type(seen[0]) is RuntimeError, seen
+    assert f"{kind.__name__} used from two threads at once" in str(seen[0])
+    assert not m.contains_key("x", 0) and m.get("other", 0) == "other"
+    assert len(m) == len(list(m)) == 3
