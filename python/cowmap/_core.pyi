@@ -162,9 +162,14 @@ def multi_get(
     refresh: bool = False,
 ) -> list[Any]:
     """Item i reads ``(keys[i], namespaces[i])`` in ``maps[kgs[i]]``: with ``ttl > 0`` as
-    ``get_unexpired``, with ``ttl == 0`` as ``get``; a negative ``ttl`` is a ``ValueError``."""
+    ``get_unexpired``, with ``ttl == 0`` as ``get``; a negative ``ttl`` is a ``ValueError``.
+
+    For all three multi-map calls: the lists have one length (``ValueError``), each
+    ``kgs[i]`` is an int in ``[0, len(maps))`` (``TypeError``/``ValueError``), each map
+    is a map or None (``TypeError``; None reads as absent, a put into it is a
+    ``ValueError``). Not atomic: the items before a failing one are done."""
 def multi_put(
-    maps: list[CopyOnWriteStateMap | None],
+    maps: list[CopyOnWriteStateMap | None] | list[FlatStateMap | None],
     kgs: list[int],
     keys: list[Any],
     namespaces: list[Any],

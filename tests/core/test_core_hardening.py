@@ -355,3 +355,176 @@ def test_a_call_from_a_second_thread_while_the_map_is_in_use_says_two_threads(ki
     assert f"{kind.__name__} used from two threads at once" in str(seen[0])
     assert not m.contains_key("x", 0) and m.get("other", 0) == "other"
     assert len(m) == len(list(m)) == 3
+
+
+# --------------------------------------------------------------------------- multi-map calls
+
+MULTI = {
+    "multi_get": lambda maps, kgs, keys, nss, states: _core.multi_get(maps, kgs, keys, nss),
+    "multi_get-ttl": lambda maps, kgs, keys, nss, states: _core.multi_get(maps, kgs, keys, nss, 10, 5),
+    "multi_put": lambda maps, kgs, keys, nss, states: _core.multi_put(maps, kgs, keys, nss, states),
+    "multi_replace": lambda maps, kgs, keys, nss, states: _core.multi_replace(maps, kgs, keys, nss, states),
+}
+
+
+def _filled_maps(kind: type, n: int = 3) -> list[Any]:
+    maps = [kind() for _ in range(n)]
+    for kg, m in enumerate(maps):
+        m.put(kg, 0, f"in {kg}")
+    return maps
+
+
+@pytest.mark.parametrize("kind", MAP_KINDS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("call", list(MULTI))
+@pytest.mark.parametrize("bad", [-1, -3, 3, 2**40, 2**63, -(2**70)])
+@pytest.mark.parametrize("at", [0, 39])
+def test_multi_map_calls_refuse_key_groups_out_of_range(kind: type, call: str, bad: int, at: int) -> None:
+    maps = _filled_maps(kind)
+    n = 40
+    kgs = [i % 3 for i in range(n)]
+    kgs[at] = bad
+    keys, nss, states = [i % 3 for i in range(n)], [0] * n, ["new"] * n
+    with pytest.raises(ValueError, match=rf"kgs\[{at}\] = {bad} is not a key group of the 3 maps"):
+        MULTI[call](maps, kgs, keys, nss, states)
+    # nothing was read or written in a map the key group does not name (maps[-1] above all)
+    assert [m.get(kg, 0) for kg, m in enumerate(maps)] == (
+        ["new"] * 3 if call in ("multi_put", "multi_replace") and at == 39 else [f"in {kg}" for kg in range(3)])
+
+
+@pytest.mark.parametrize("call", list(MULTI))
+def test_multi_map_calls_take_any_integer_key_group(call: str) -> None:
+    np = pytest.importorskip("numpy")
+    maps = _filled_maps(CopyOnWriteStateMap)
+    got = MULTI[call](maps, [np.int64(1), True, np.uint8(2)], [1, 1, 2], [0, 0, 0], ["a", "b", "c"])
+    if call.startswith("multi_get"):
+        assert got == ["in 1", "in 1", "in 2"]
+    else:
+        assert [m.get(kg, 0) for kg, m in enumerate(maps)] == ["in 0", "b", "c"]
+
+
+@pytest.mark.parametrize("call", list(MULTI))
+@pytest.mark.parametrize("bad", [1.0, "1", None, [1], object()])
+def test_multi_map_calls_refuse_key_groups_that_are_not_ints(call: str, bad: Any) -> None:
+    maps = _filled_maps(CopyOnWriteStateMap)
+    with pytest.raises(TypeError, match=rf"kgs\[1\] must be an int \(a key group\), not {type(bad).__name__}"):
+        MULTI[call](maps, [0, bad], [0, 1], [0, 0], ["a", "b"])
+
+
+@pytest.mark.parametrize("call", list(MULTI))
+@pytest.mark.parametrize("bad", [1, "map", object(), (), StateIncrementalVisitor])
+def test_multi_map_calls_refuse_maps_entries_that_are_not_maps(call: str, bad: Any) -> None:
+    maps = _filled_maps(FlatStateMap) + [bad]
+    with pytest.raises(TypeError, match=rf"maps\[3\] must be a CopyOnWriteStateMap, a FlatStateMap or None, not "):
+        MULTI[call](maps, [0, 3], [0, 1], [0, 0], ["a", "b"])
+
+
+def test_multi_map_calls_refuse_snapshots_as_maps() -> None:
+    cow, flat = CopyOnWriteStateMap(), FlatStateMap()
+    for snap in (cow.snapshot(), flat.snapshot()):
+        for call in MULTI.values():
+            with pytest.raises(TypeError, match=r"maps\[0\] must be"):
+                call([snap], [0], [1], [0], ["a"])
+
+
+@pytest.mark.parametrize("kind", MAP_KINDS, ids=lambda k: k.__name__)
+def test_a_missing_map_reads_as_absent_and_a_put_into_it_is_refused(kind: type) -> None:
+    maps = _filled_maps(kind) + [None]
+    assert _core.multi_get(maps, [3, 1], [3, 1], [0, 0]) == [None, "in 1"]
+    assert _core.multi_get(maps, [3, 1], [3, 1], [0, 0], 10, 5) == [None, "in 1"]
+    assert _core.multi_replace(maps, [3, 1], [3, 1], [0, 0], ["a", "b"]) == [False, True]
+    with pytest.raises(ValueError, match=r"multi_put: maps\[3\] is None"):
+        _core.multi_put(maps, [1, 3], [1, 3], [0, 0], ["c", "d"])
+    assert maps[1].get(1, 0) == "c"  # (not atomic: the items before are written)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ((), [0], [0], [0], [0]),
+        (None, [0], [0], [0], [0]),
+        ("maps", [0], [0], [0], [0]),
+        ([], (0,), [0], [0], [0]),
+        ([], [0], range(1), [0], [0]),
+        ([], [0], [0], None, [0]),
+        ([], [0], [0], [0], (0,)),
+    ],
+    ids=["maps-tuple", "maps-none", "maps-str", "kgs-tuple", "keys-range", "namespaces-none", "states-tuple"],
+)
+def test_multi_map_calls_take_lists_only(args: tuple[Any, ...]) -> None:
+    names = ["maps", "kgs", "keys", "namespaces", "states"]
+    bad = next(name for name, a in zip(names, args) if type(a) is not list)
+    for name, call in MULTI.items():
+        if bad == "states" and not name.startswith(("multi_put", "multi_replace")):
+            continue
+        with pytest.raises(TypeError, match=f"'{bad}'"):
+            call(*args)
+
+
+@pytest.mark.parametrize("call", list(MULTI))
+@pytest.mark.parametrize("short", ["kgs", "keys", "namespaces", "states"])
+def test_multi_map_calls_refuse_columns_of_different_lengths(call: str, short: str) -> None:
+    if short == "states" and call.startswith("multi_get"):
+        return
+    maps = _filled_maps(CopyOnWriteStateMap)
+    cols = {"kgs": [0, 1], "keys": [0, 1], "namespaces": [0, 0], "states": ["a", "b"]}
+    cols[short] = cols[short][:1]
+    with pytest.raises(ValueError, match="same length"):
+        MULTI[call](maps, cols["kgs"], cols["keys"], cols["namespaces"], cols["states"])
+    assert [m.get(kg, 0) for kg, m in enumerate(maps)] == [f"in {kg}" for kg in range(3)]
+
+
+class _Shrinking:
+    """A key whose ``__hash__`` empties the given lists (Python code run mid-batch)."""
+
+    def __init__(self, lists: list[list[Any]]) -> None:
+        self.lists = lists
+
+    def __hash__(self) -> int:
+        for lst in self.lists:
+            lst.clear()
+        return 5
+
+
+@pytest.mark.parametrize("kind", MAP_KINDS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("call", list(MULTI))
+@pytest.mark.parametrize("column", ["kgs", "keys", "namespaces", "states", "maps"])
+def test_multi_map_calls_survive_their_lists_shrinking_under_them(kind: type, call: str, column: str) -> None:
+    if column == "states" and call.startswith("multi_get"):
+        return
+    n = 200
+    maps = _filled_maps(kind)
+    kept = list(maps)
+    cols = {"maps": maps, "kgs": [i % 3 for i in range(n)], "keys": list(range(n)), "namespaces": [0] * n,
+            "states": ["s"] * n}
+    cols["keys"][7] = _Shrinking([cols[column]])
+    expected = (ValueError, r"kgs\[8\] = \d is not a key group of the 0 maps") if column == "maps" else (
+        RuntimeError, rf"{call.split('-')[0]}: kgs, keys, namespaces or states changed length during the call")
+    with pytest.raises(expected[0], match=expected[1]):
+        MULTI[call](cols["maps"], cols["kgs"], cols["keys"], cols["namespaces"], cols["states"])
+    # the items before the key were done; the maps are intact
+    assert [m.get(kg, 0) for kg, m in enumerate(kept)] == (
+        ["s"] * 3 if call in ("multi_put", "multi_replace") else [f"in {kg}" for kg in range(3)])
+    assert [len(m) for m in kept] == ([3, 3, 2] if call == "multi_put" else [1, 1, 1])
+
+
+class _IndexShrinking:
+    """A key group whose ``__index__`` empties the given lists."""
+
+    def __init__(self, value: int, lists: list[list[Any]]) -> None:
+        self.value, self.lists = value, lists
+
+    def __index__(self) -> int:
+        for lst in self.lists:
+            lst.clear()
+        return self.value
+
+
+@pytest.mark.parametrize("call", list(MULTI))
+def test_multi_map_calls_survive_a_key_group_emptying_the_lists(call: str) -> None:
+    maps = _filled_maps(CopyOnWriteStateMap)
+    n = 50
+    keys, nss, states = list(range(n)), [0] * n, ["s"] * n
+    kgs: list[Any] = [0] * n
+    kgs[10] = _IndexShrinking(1, [keys, nss, states])
+    with pytest.raises(RuntimeError, match="changed length during the call"):
+        MULTI[call](maps, kgs, keys, nss, states)
