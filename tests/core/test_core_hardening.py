@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 
 from cowmap import CopyOnWriteStateMap, StateIncrementalVisitor
@@ -393,7 +394,6 @@ def test_multi_map_calls_refuse_key_groups_out_of_range(kind: type, call: str, b
 
 @pytest.mark.parametrize("call", list(MULTI))
 def test_multi_map_calls_take_any_integer_key_group(call: str) -> None:
-    np = pytest.importorskip("numpy")
     maps = _filled_maps(CopyOnWriteStateMap)
     got = MULTI[call](maps, [np.int64(1), True, np.uint8(2)], [1, 1, 2], [0, 0, 0], ["a", "b", "c"])
     if call.startswith("multi_get"):
