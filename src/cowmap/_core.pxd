@@ -68,6 +68,7 @@ cdef extern from "cowmap_core.h":
     int cm_contains_many(cm_map *m, const cm_keys *ks, object ns, uint8_t *out) except -1
     Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, object ns) except -1
 
+    int cm_check_ttl(int64_t ttl) except -1
     object cm_get_unexpired(cm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh, object expired)
     object cm_get_touch(cm_map *m, object key, object ns, int64_t ts)
     int cm_replace(cm_map *m, object key, object ns, object state, int64_t ts) except -1

@@ -11,7 +11,7 @@ from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.string cimport memset
 from cpython.mem cimport PyMem_RawFree
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
-from cpython.number cimport PyIndex_Check
+from cpython.number cimport PyIndex_Check, PyNumber_Index
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 
@@ -110,6 +110,18 @@ cdef int _sweep_args(object max_entries, object removed, Py_ssize_t *n, PyObject
     return 0
 
 
+cdef uint32_t _visit_budget(object max_empty_buckets) except 0:
+    """An incremental visitor's bound on empty buckets per call, checked."""
+    n = max_empty_buckets
+    if type(n) is not int:
+        if not PyIndex_Check(n):
+            raise TypeError(f"max_empty_buckets must be an int, not {type(n).__name__}")
+        n = PyNumber_Index(n)
+    if not 1 <= n <= 0xFFFFFFFF:
+        raise ValueError(f"max_empty_buckets must be in [1, 2**32 - 1], got {n}")
+    return n
+
+
 cdef int _check_copier(object copier) except -1:
     if copier is not None and not callable(copier):
         raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
@@ -198,8 +210,12 @@ cdef class CopyOnWriteStateMap:
     Threading: single writer. Every method (``get`` included: it may run a
     rehash step or copy a shared state) must be called from one thread at a
     time; a snapshot may be read from another thread while the owner writes.
-    Re-entrant use from a key's ``__eq__``/``__hash__``, a copier or a
-    transform function raises ``RuntimeError``.
+    A call back into the map from a key's ``__eq__``/``__hash__``, a copier or
+    a transform function raises ``RuntimeError``; allowed then are only calls
+    that read counters (``len()``, the properties, :meth:`memory_stats`),
+    :meth:`prefetch` (skipped), making an iterator or a visitor (whose steps
+    raise), and reading or releasing a snapshot (the release takes effect
+    when the running call ends).
 
     Timestamps (``ts``, ``now``) are int milliseconds, or a time provider (a
     callable returning them) that the map calls once per call;
@@ -263,7 +279,8 @@ cdef class CopyOnWriteStateMap:
         """TTL read in one lookup: the state of ``(key, namespace)`` if it is
         live at ``now`` (not ``ts + ttl <= now``), with its timestamp set to
         ``now`` when ``refresh``; None when absent; :data:`EXPIRED` when
-        expired, the entry left untouched."""
+        expired, the entry left untouched. ``ttl`` (ms) must be > 0
+        (``ValueError``)."""
         return cm_get_unexpired(&self.m, key, namespace, _as_time_for(&self.m, key, namespace, now, "now"),
                                 _as_ts(ttl, "ttl"),
                                 1 if refresh else 0, EXPIRED)
@@ -373,7 +390,8 @@ cdef class CopyOnWriteStateMap:
         Each call examines about ``max_entries`` entries (whole bucket chains)
         from where the previous call stopped, wrapping around, like Flink's
         incremental TTL cleanup; ``max_entries=None`` makes one full pass.
-        The expiry check runs in C. Returns the number of entries removed;
+        The expiry check runs in C; ``ttl`` (ms) must be > 0 (``ValueError``).
+        Returns the number of entries removed;
         if ``removed`` is a list, each removed entry is appended to it as
         ``(key, namespace, state)``.
         """
@@ -404,9 +422,7 @@ cdef class CopyOnWriteStateMap:
 
     def incremental_visitor(self, max_empty_buckets=128):
         """A :class:`StateIncrementalVisitor` scanning at most ``max_empty_buckets``
-        empty buckets per call."""
-        if max_empty_buckets < 1:
-            raise ValueError(f"max_empty_buckets must be >= 1, got {max_empty_buckets}")
+        empty buckets per call (1 to 2**32 - 1)."""
         return StateIncrementalVisitor(self, max_empty_buckets)
 
     @property
@@ -539,7 +555,7 @@ cdef class _SnapshotIterator:
     cdef cm_snapit it
     cdef int with_ts
 
-    def __cinit__(self, StateMapSnapshot snap, bint with_ts):
+    def __cinit__(self, StateMapSnapshot snap not None, bint with_ts):
         self.snap = snap
         self.with_ts = with_ts
         cm_snapit_init(&snap.s, &self.it)
@@ -566,7 +582,7 @@ cdef class _MapIterator:
     cdef list buf
     cdef Py_ssize_t bi
 
-    def __cinit__(self, CopyOnWriteStateMap m):
+    def __cinit__(self, CopyOnWriteStateMap m not None):
         self._map = m
         self.base_cap = m.m.primary.capacity
         self.j = 0
@@ -607,14 +623,17 @@ cdef class StateIncrementalVisitor:
     when the visit is done. Tolerates changes and rehash: every entry present
     for the whole visit is returned at least once (around a rehash, some may
     be returned twice).
+
+    ``StateIncrementalVisitor(m, max_empty_buckets)`` is
+    ``m.incremental_visitor(max_empty_buckets)``.
     """
     cdef CopyOnWriteStateMap _map
     cdef cm_cursor cur
     cdef uint32_t max_empty
 
-    def __cinit__(self, CopyOnWriteStateMap m, uint32_t max_empty):
+    def __cinit__(self, CopyOnWriteStateMap m not None, max_empty_buckets):
         self._map = m
-        self.max_empty = max_empty
+        self.max_empty = _visit_budget(max_empty_buckets)
         cm_cursor_reset(&m.m, &self.cur)
 
     def has_next(self):
@@ -748,9 +767,11 @@ cdef Py_ssize_t _columns_len(list kgs, list keys, list namespaces, list states) 
     """The common length of a multi-map call's columns (``states`` None: no states)."""
     cdef Py_ssize_t n = len(keys)
     if len(kgs) != n or len(namespaces) != n:
-        raise ValueError("kgs, keys and namespaces must have the same length")
+        raise ValueError(f"kgs, keys and namespaces must have the same length "
+                         f"(got {len(kgs)}, {n} and {len(namespaces)})")
     if states is not None and len(states) != n:
-        raise ValueError("kgs, keys, namespaces and states must have the same length")
+        raise ValueError(f"kgs, keys, namespaces and states must have the same length "
+                         f"(got {n} and {len(states)} states)")
     return n
 
 
@@ -759,12 +780,49 @@ cdef enum:
     _MULTI_PUT = 1
     _MULTI_REPLACE = 2
 
+_MULTI_NAMES = ("multi_get", "multi_put", "multi_replace")
+
+
+cdef Py_ssize_t _kg_checked(object o, Py_ssize_t i, list maps) except -1:
+    """``o`` = kgs[i] as an index into ``maps``, for what the batch loop does not take
+    itself (an integer type other than int: its ``__index__`` may run Python code),
+    or to raise: TypeError if it is not an integer, ValueError if it names no map."""
+    cdef int overflow = 0
+    cdef int64_t kg
+    if not PyIndex_Check(o):
+        raise TypeError(f"kgs[{i}] must be an int (a key group), not {type(o).__name__}")
+    v = PyNumber_Index(o)
+    kg = cm_as_int64(<PyObject *>v, &overflow)
+    if overflow or kg < 0 or kg >= len(maps):
+        raise ValueError(f"kgs[{i}] = {v} is not a key group of the {len(maps)} maps (0 <= kg < {len(maps)})")
+    return <Py_ssize_t>kg
+
+
+cdef int _not_a_map(int op, object m, Py_ssize_t kg) except -1:
+    """An item's map that is neither kind: None (a missing map) is absent for a read, an
+    error for a put; 0 to skip the item, else raises."""
+    if m is None:
+        if op != _MULTI_PUT:
+            return 0
+        raise ValueError(f"multi_put: maps[{kg}] is None; a put needs its key group's map")
+    raise TypeError(f"{_MULTI_NAMES[op]}: maps[{kg}] must be a CopyOnWriteStateMap, a FlatStateMap "
+                    f"or None, not {type(m).__name__}")
+
+
+cdef object _changed(int op):
+    return RuntimeError(f"{_MULTI_NAMES[op]}: kgs, keys, namespaces or states changed length during "
+                        f"the call (from Python code it ran: a key's __eq__/__hash__, a finalizer)")
+
 
 cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list states,
                  int64_t t, int64_t ttl, int refresh):
     """The loop of multi_get (``t`` = now), multi_put and multi_replace (``t`` = ts),
-    with the prefetch hints; None for multi_put."""
-    cdef Py_ssize_t n = len(keys), i
+    with the prefetch hints; None for multi_put. Not atomic: items before a failing
+    one are done."""
+    cdef Py_ssize_t n = len(keys), i, kg
+    cdef int64_t v
+    cdef int overflow
+    cdef PyObject *o
     cdef list out = [None] * n if op == _MULTI_GET else [False] * n if op == _MULTI_REPLACE else None
     cdef CopyOnWriteStateMap cm
     cdef FlatStateMap fm
@@ -773,31 +831,51 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
     try:
         for i in range(n):
             _hints(ring, maps, kgs, keys, namespaces, i, n)
-            m = maps[kgs[i]]
-            if m is None and op != _MULTI_PUT:  # a missing map reads as absent (a put needs it)
-                continue
+            # Python code the batch runs (a key's __eq__/__hash__, a key group's
+            # __index__, a finalizer) may change the lists: each is read after a
+            # check of its length with no such code in between.
+            if i >= _list_size(<PyObject *>kgs):
+                raise _changed(op)
+            o = _list_item(<PyObject *>kgs, i)
+            if _is_exact_int(o):
+                v = cm_as_int64(o, &overflow)  # runs no Python code
+                if overflow or v < 0 or v >= _list_size(<PyObject *>maps):
+                    _kg_checked(<object>o, i, maps)  # raises
+                kg = <Py_ssize_t>v
+            else:
+                kg = _kg_checked(<object>o, i, maps)
+            if i >= _list_size(<PyObject *>keys) or i >= _list_size(<PyObject *>namespaces) or (
+                    states is not None and i >= _list_size(<PyObject *>states)):
+                raise _changed(op)
+            m = <object>_list_item(<PyObject *>maps, kg)
+            key = <object>_list_item(<PyObject *>keys, i)
+            ns = <object>_list_item(<PyObject *>namespaces, i)
+            if op != _MULTI_GET:
+                state = <object>_list_item(<PyObject *>states, i)
             if type(m) is FlatStateMap:
                 fm = <FlatStateMap>m
                 if op == _MULTI_GET:
                     if ttl > 0:
-                        out[i] = fm_get_unexpired(&fm.m, keys[i], namespaces[i], t, ttl, refresh, EXPIRED)
+                        out[i] = fm_get_unexpired(&fm.m, key, ns, t, ttl, refresh, EXPIRED)
                     else:
-                        out[i] = fm_get(&fm.m, keys[i], namespaces[i])
+                        out[i] = fm_get(&fm.m, key, ns)
                 elif op == _MULTI_PUT:
-                    fm_put(&fm.m, keys[i], namespaces[i], states[i], t)
-                elif fm_replace(&fm.m, keys[i], namespaces[i], states[i], t) == 1:
+                    fm_put(&fm.m, key, ns, state, t)
+                elif fm_replace(&fm.m, key, ns, state, t) == 1:
                     out[i] = True
-                continue
-            cm = <CopyOnWriteStateMap?>m
-            if op == _MULTI_GET:
-                if ttl > 0:
-                    out[i] = cm_get_unexpired(&cm.m, keys[i], namespaces[i], t, ttl, refresh, EXPIRED)
-                else:
-                    out[i] = cm_get(&cm.m, keys[i], namespaces[i])
-            elif op == _MULTI_PUT:
-                cm_put(&cm.m, keys[i], namespaces[i], states[i], t)
-            elif cm_replace(&cm.m, keys[i], namespaces[i], states[i], t) == 1:
-                out[i] = True
+            elif type(m) is CopyOnWriteStateMap:
+                cm = <CopyOnWriteStateMap>m
+                if op == _MULTI_GET:
+                    if ttl > 0:
+                        out[i] = cm_get_unexpired(&cm.m, key, ns, t, ttl, refresh, EXPIRED)
+                    else:
+                        out[i] = cm_get(&cm.m, key, ns)
+                elif op == _MULTI_PUT:
+                    cm_put(&cm.m, key, ns, state, t)
+                elif cm_replace(&cm.m, key, ns, state, t) == 1:
+                    out[i] = True
+            else:
+                _not_a_map(op, m, kg)
     finally:
         _hints_end(ring)
     return out
@@ -809,24 +887,35 @@ def multi_get(list maps not None, list kgs not None, list keys not None, list na
 
     With ``ttl > 0`` each read is :meth:`CopyOnWriteStateMap.get_unexpired` at
     ``now`` (``refresh``: set the timestamps of live entries to ``now``);
-    otherwise :meth:`CopyOnWriteStateMap.get`. A missing map reads as absent.
+    with ``ttl == 0`` (no TTL) :meth:`CopyOnWriteStateMap.get`; a negative
+    ``ttl`` is a ``ValueError``. A missing map (None) reads as absent.
     Returns the list of results (states, None, or :data:`EXPIRED`).
+
+    The four lists have one length (``ValueError``); each ``kgs[i]`` is an
+    int with ``0 <= kgs[i] < len(maps)`` (``TypeError``, ``ValueError``) and
+    each map a :class:`CopyOnWriteStateMap`, a :class:`FlatStateMap` or None
+    (``TypeError``). Not atomic: when an item fails, the items before it are
+    done. O(len(keys)).
     """
     _columns_len(kgs, keys, namespaces, None)
     cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
+    if c_ttl != 0:
+        cm_check_ttl(c_ttl)
     return _multi(_MULTI_GET, maps, kgs, keys, namespaces, None, c_now, c_ttl, 1 if refresh else 0)
 
 
 def multi_put(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
     """One call for many puts spread over the maps of a state's key groups: item i
     maps ``(keys[i], namespaces[i])`` to ``states[i]`` in ``maps[kgs[i]]`` (which
-    must exist), all with timestamp ``ts``."""
+    must exist: None there is a ``ValueError``), all with timestamp ``ts``.
+    Arguments and errors as for :func:`multi_get`; not atomic."""
     _columns_len(kgs, keys, namespaces, states)
     _multi(_MULTI_PUT, maps, kgs, keys, namespaces, states, _as_time(ts), 0, 0)
 
 
 def multi_replace(list maps not None, list kgs not None, list keys not None, list namespaces not None, list states not None, ts=NO_TIMESTAMP):
     """:meth:`CopyOnWriteStateMap.replace` for many items over a state's key-group
-    maps in one call; a list of bools (False: absent, nothing added)."""
+    maps in one call; a list of bools (False: absent or a missing map, nothing
+    added). Arguments and errors as for :func:`multi_get`; not atomic."""
     _columns_len(kgs, keys, namespaces, states)
     return _multi(_MULTI_REPLACE, maps, kgs, keys, namespaces, states, _as_time(ts), 0, 0)

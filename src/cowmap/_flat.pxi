@@ -29,8 +29,10 @@ cdef class FlatStateMap:
     that order (``iter_with_timestamps(insertion_order=True)``).
 
     Threading and re-entrancy as for :class:`CopyOnWriteStateMap`: one writer;
-    a snapshot may be read from another thread; a key's ``__eq__``/``__hash__``
-    or a copier that calls back into the map raises ``RuntimeError``.
+    a snapshot may be read from another thread; a call back into the map from
+    a key's ``__eq__``/``__hash__`` or a copier raises ``RuntimeError``, except
+    ``len()``, the properties, :meth:`prefetch` and reading or releasing a
+    snapshot (released at once).
 
     >>> m = FlatStateMap()
     >>> m.put("user-1", "window-0", 3)
@@ -97,7 +99,8 @@ cdef class FlatStateMap:
     def get_unexpired(self, key, namespace, now, ttl, refresh=False):
         """As :meth:`CopyOnWriteStateMap.get_unexpired`: the state if live at
         ``now``, with its timestamp set to ``now`` when ``refresh``; None when
-        absent; :data:`EXPIRED` when expired (left in place)."""
+        absent; :data:`EXPIRED` when expired (left in place). ``ttl`` (ms)
+        must be > 0 (``ValueError``)."""
         cdef int64_t t = _flat_time_for(&self.m, key, namespace, now, "now")
         return fm_get_unexpired(&self.m, key, namespace, t, _as_ts(ttl, "ttl"), 1 if refresh else 0, EXPIRED)
 
@@ -130,7 +133,8 @@ cdef class FlatStateMap:
     def sweep_expired(self, now, ttl, max_entries=5, removed=None):
         """Remove entries with ``ts + ttl <= now`` (saturating), examining about
         ``max_entries`` entries from where the last call stopped
-        (``None``: one full pass). Returns how many were removed; with a list
+        (``None``: one full pass); ``ttl`` (ms) must be > 0 (``ValueError``).
+        Returns how many were removed; with a list
         ``removed``, each goes to it as ``(key, namespace, state)``."""
         cdef Py_ssize_t n
         cdef PyObject *sink
@@ -229,7 +233,7 @@ cdef class _FlatSnapshotIterator:
     cdef fm_pos *order  # insertion order: positions, from fm_snap_order
     cdef size_t n, k
 
-    def __cinit__(self, FlatMapSnapshot snap, bint with_ts):
+    def __cinit__(self, FlatMapSnapshot snap not None, bint with_ts):
         self.snap = snap
         self.with_ts = with_ts
 

@@ -583,7 +583,7 @@ cdef inline int _run_callback(cb, StateFuture src) except -1:
     return 0
 
 
-def _post_step(mb, StateFuture f, StateFuture src):
+def _post_step(mb, StateFuture f not None, StateFuture src not None):
     """Run ``f``'s step on ``src`` as a mail on the task thread (see StateFuture._step)."""
     _track_tree(f)  # held by the mail now, not the controller's buffers
     mb.post(lambda: _resume_step(f, src))

@@ -24,7 +24,8 @@
  *
  * All functions run with the GIL held. A `busy` flag rejects re-entrant use
  * (a key's __eq__, a copier or a transform function calling back into the
- * map); a last reference to an object is released only once the map is
+ * map) and calls from a second thread the GIL switched to while that code
+ * ran (the map records which thread holds it, to say which); a last reference to an object is released only once the map is
  * consistent again (other DECREFs run no Python code and happen at once).
  * Memory is taken with PyMem_Raw*, and entry chunks and full bucket pages
  * with cm_ha_alloc (huge pages where the OS grants them, hugealloc.h); both
@@ -164,6 +165,7 @@ typedef struct {
     uint32_t last_ns_entry; /* dedupes equal namespace objects (as Flink does) */
     PyObject *copier;     /* owned; NULL = immutable states */
     int busy;
+    unsigned long owner;  /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
     cm_cursor sweep;
 } cm_map;
@@ -695,14 +697,28 @@ static inline int cm_find(const cm_map *m, const cm_table *t, const cm_probe *p,
 static void cm_release_now(cm_map *m, uint32_t version);
 static void cm_reclaim_some(cm_map *m, size_t budget);
 
+/* The error for a call into a map that is busy, with `owner` the thread that
+ * made it so. A busy map is paused in Python code it runs (a key's __eq__ or
+ * __hash__, a copier, ...): the call came from that code, or from another
+ * thread the GIL switched to meanwhile. The maps of both kinds say which. */
+static int cm_busy_error(const char *map, const char *callbacks, unsigned long owner) {
+    if (owner != PyThread_get_thread_ident())
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s used from two threads at once: a map has a single writer, and only "
+                     "its snapshots may be used from another thread", map);
+    else
+        PyErr_Format(PyExc_RuntimeError,
+                     "%s used re-entrantly (from %s); those must not call back into the map",
+                     map, callbacks);
+    return -1;
+}
+
 static inline int cm_enter(cm_map *m) {
-    if (CM_UNLIKELY(m->busy)) {
-        PyErr_SetString(PyExc_RuntimeError,
-            "CopyOnWriteStateMap used re-entrantly (from a key's __eq__/__hash__, a copier or a "
-            "transform function); those must not call back into the map");
-        return -1;
-    }
+    if (CM_UNLIKELY(m->busy))
+        return cm_busy_error("CopyOnWriteStateMap",
+                             "a key's __eq__/__hash__, a copier or a transform function", m->owner);
     m->busy = 1;
+    m->owner = PyThread_get_thread_ident();
     return 0;
 }
 
@@ -1675,6 +1691,7 @@ static void cm_release(cm_map *m, cm_snap *s) {
         return;
     }
     m->busy = 1;
+    m->owner = PyThread_get_thread_ident();
     cm_release_now(m, s->version);
     cm_reclaim_some(m, CM_RECLAIM_EAGER);
     cm_leave(m);
@@ -1799,8 +1816,16 @@ static PyObject *cm_chain_list(const cm_map *m, const cm_vpos *vp) {
 
 /* ------------------------------------------------------------ TTL sweep */
 
+/* The one check of a TTL argument, for every map and entry point that takes
+ * one: cm_expired's saturating sum is defined only for ttl > 0. */
+static inline int cm_check_ttl(int64_t ttl) {
+    if (CM_LIKELY(ttl > 0)) return 0;
+    PyErr_Format(PyExc_ValueError, "ttl must be > 0 (milliseconds), got %lld", (long long)ttl);
+    return -1;
+}
+
 static inline int cm_expired(int64_t ts, int64_t ttl, int64_t now) {
-    /* ts + ttl <= now, the sum saturating at INT64_MAX as in Flink's TtlUtils (ttl > 0) */
+    /* ts + ttl <= now, the sum saturating at INT64_MAX as in Flink's TtlUtils (ttl > 0: cm_check_ttl) */
     int64_t end = ts > INT64_MAX - ttl ? INT64_MAX : ts + ttl;
     return end <= now;
 }
@@ -1858,8 +1883,7 @@ CM_ALWAYS_INLINE static inline void cm_visit_prefetch(const cm_map *m, uint32_t 
  * examined (or max_entries empty buckets scanned); wraps around at the end.
  * max_entries < 0: one full pass. Never calls into Python for the check. */
 static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) {
-    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return -1; }
-    if (cm_enter(m) < 0) return -1;
+    if (cm_check_ttl(ttl) < 0 || cm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
     if (full || m->sweep.phase >= 2) cm_cursor_reset(m, &m->sweep);
@@ -1907,8 +1931,7 @@ static PyObject *cm_read_touch(cm_map *m, const cm_probe *p, cm_loc *loc, int64_
 static PyObject *cm_get_unexpired(cm_map *m, PyObject *key, PyObject *ns, int64_t now, int64_t ttl,
                                   int refresh, PyObject *expired) {
     cm_probe p; cm_loc loc; PyObject *r = NULL;
-    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return NULL; }
-    if (cm_enter(m) < 0) return NULL;
+    if (cm_check_ttl(ttl) < 0 || cm_enter(m) < 0) return NULL;
     if (cm_make_probe(&p, key, ns) == 0 && cm_locate(m, &p, &loc) == 0) {
         if (!loc.found) {
             r = Py_None; Py_INCREF(r);

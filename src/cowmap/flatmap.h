@@ -89,6 +89,7 @@ typedef struct {
     uint64_t seq;      /* the insertion sequence number of the next new entry */
     PyObject *copier;  /* borrowed from the Python object; NULL = immutable states */
     int busy;
+    unsigned long owner; /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;
     uint32_t sweep_dir, sweep_slot; /* incremental sweep position */
 } fm_map;
@@ -258,13 +259,10 @@ static int fm_init(fm_map *m, uint32_t max_shift) {
 }
 
 static int fm_enter(fm_map *m) {
-    if (CM_UNLIKELY(m->busy)) {
-        PyErr_SetString(PyExc_RuntimeError,
-            "FlatStateMap used re-entrantly (from a key's __eq__/__hash__ or a copier); "
-            "those must not call back into the map");
-        return -1;
-    }
+    if (CM_UNLIKELY(m->busy))
+        return cm_busy_error("FlatStateMap", "a key's __eq__/__hash__ or a copier", m->owner);
     m->busy = 1;
+    m->owner = PyThread_get_thread_ident();
     return 0;
 }
 
@@ -469,7 +467,8 @@ static inline void fm_set_state(fm_map *m, cm_entry *e, PyObject *state, int64_t
 /* 1 added, 0 overwritten, -1 error. `state` borrowed. */
 static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64_t ts) {
     cm_probe p;
-    if (cm_make_probe(&p, key, ns) < 0 || fm_enter(m) < 0) return -1;
+    if (fm_enter(m) < 0) return -1;
+    if (cm_make_probe(&p, key, ns) < 0) { fm_leave(m); return -1; }
     uint32_t k = fm_dir_index(m, p.hash), i;
     int r = fm_find(m->dir[k], &p, &i);
     if (r >= 0 && fm_touch_at(m, k, i) < 0) r = -1;
@@ -505,12 +504,16 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
 }
 
 /* Looks up (key, ns): 1 found (*k its directory slot, *slot its slot), 0
- * absent, -1 error. Enters the map (and leaves it on error). */
+ * absent, -1 error. Enters the map before the key's __hash__ runs, as every
+ * call does (and leaves it on error). */
 static int fm_lookup(fm_map *m, PyObject *key, PyObject *ns, uint32_t *k, uint32_t *slot) {
     cm_probe p;
-    if (cm_make_probe(&p, key, ns) < 0 || fm_enter(m) < 0) return -1;
-    *k = fm_dir_index(m, p.hash);
-    int r = fm_find(m->dir[*k], &p, slot);
+    if (fm_enter(m) < 0) return -1;
+    int r = cm_make_probe(&p, key, ns);
+    if (r == 0) {
+        *k = fm_dir_index(m, p.hash);
+        r = fm_find(m->dir[*k], &p, slot);
+    }
     if (r < 0) fm_leave(m);
     return r;
 }
@@ -530,6 +533,7 @@ static PyObject *fm_get(fm_map *m, PyObject *key, PyObject *ns) {
 static PyObject *fm_get_unexpired(fm_map *m, PyObject *key, PyObject *ns, int64_t now, int64_t ttl,
                                   int refresh, PyObject *expired) {
     uint32_t k, i;
+    if (cm_check_ttl(ttl) < 0) return NULL;
     int r = fm_lookup(m, key, ns, &k, &i);
     if (r < 0) return NULL;
     PyObject *v;
@@ -628,8 +632,7 @@ CM_ALWAYS_INLINE static inline void fm_hint_at(const fm_map *m, uint32_t h, int 
  * removed entry goes to `sink` (a list, or NULL) as (key, ns, state). Returns
  * the number removed, or -1. */
 static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) {
-    if (ttl <= 0) { PyErr_SetString(PyExc_ValueError, "ttl must be > 0"); return -1; }
-    if (fm_enter(m) < 0) return -1;
+    if (cm_check_ttl(ttl) < 0 || fm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
     uint64_t total = m->slots, scanned = 0;
@@ -674,10 +677,16 @@ static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
 
 static int fm_snapshot(fm_map *m, fm_snap *snap) {
     uint32_t n = 0;
+    if (fm_enter(m) < 0) return -1;
     for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) n++;
     snap->segs = PyMem_RawMalloc((size_t)n * sizeof(fm_seg *));
-    if (!snap->segs) { PyErr_NoMemory(); return -1; }
-    if (cm_u32vec_push(&m->snaps, m->version) < 0) { PyMem_RawFree(snap->segs); snap->segs = NULL; return -1; }
+    if (!snap->segs || cm_u32vec_push(&m->snaps, m->version) < 0) {
+        if (!snap->segs) PyErr_NoMemory();
+        PyMem_RawFree(snap->segs);
+        snap->segs = NULL;
+        fm_leave(m);
+        return -1;
+    }
     snap->nsegs = 0;
     for (uint32_t k = 0; k < (1u << m->gdepth); k += fm_run(m, k)) {
         m->segs[k]->refs++;
@@ -687,6 +696,7 @@ static int fm_snapshot(fm_map *m, fm_snap *snap) {
     snap->size = m->size;
     m->required = m->version;
     m->version++;
+    fm_leave(m);
     return 0;
 }
 
@@ -705,7 +715,10 @@ static void fm_release(fm_map *m, fm_snap *snap) {
     m->snaps.n = w;
     m->required = w ? m->snaps.a[w - 1] : 0;
     int was_busy = m->busy;
-    m->busy = 1;
+    if (!was_busy) {
+        m->busy = 1;
+        m->owner = PyThread_get_thread_ident();
+    }
     for (uint32_t j = 0; j < snap->nsegs; j++) {
         fm_seg *s = snap->segs[j];
         if (s->copies) {
