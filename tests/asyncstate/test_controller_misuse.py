@@ -341,3 +341,43 @@ def test_a_batch_started_from_a_callback_cannot_overtake_a_records_older_request
     aec.drain()
     b.set_current_key("R")
     assert s.value() == 2
+
+
+def test_a_mailbox_without_delayed_mails_is_refused() -> None:
+    class Plain:
+        _task_thread = threading.get_ident()
+
+        def post(self, mail: Any) -> None: ...
+
+    with pytest.raises(TypeError, match="post_delayed"):
+        AsyncExecutionController(_backend(), mailbox=Plain())
+
+
+def test_a_timeout_mail_outliving_its_controller_or_its_timeout_does_nothing() -> None:
+    b = _backend()
+    c = b.get_state(ValueStateDescriptor("c", default_value=0))
+    aec = AsyncExecutionController(b, batch_size=100, buffer_timeout_ms=5)
+    mailbox = aec.mailbox
+    aec.process("a", lambda _: c.async_update(1))
+    assert mailbox.delayed == 1
+    aec.buffer_timeout_ms = 0  # switched off while armed: the mail finds nothing to do
+    time.sleep(0.01)
+    mailbox.run_available()
+    assert aec.batches_run == 0 and aec.active_size == 1
+    aec.buffer_timeout_ms = 5
+    aec.drain()
+    aec.process("b", lambda _: c.async_update(2))  # arms a mail, then the controller goes
+    del aec
+    time.sleep(0.01)
+    assert mailbox.run_available() >= 1  # ran, and did nothing
+    assert mailbox.delayed == 0
+
+
+def test_one_pending_timeout_mail_serves_every_batch() -> None:
+    b = _backend()
+    c = b.get_state(ValueStateDescriptor("c", default_value=0))
+    aec = AsyncExecutionController(b, batch_size=1, buffer_timeout_ms=60_000)
+    for i in range(50):
+        aec.process(i, lambda _: c.async_value())
+    assert aec.mailbox.delayed <= 1
+    aec.drain()
