@@ -216,25 +216,25 @@ class MapState(AsyncMapMethods, State):
         if u is not None:
             u.remove(self._ctx(), key)
 
-    def _walk(self, kg: int) -> list[tuple[Any, Any]]:
+    def items(self) -> list[tuple[Any, Any]]:
+        """``(user_key, value)`` pairs, in insertion order. O(the key's entries)."""
+        kg = self._kg()
         t = self._t
         u = t.users[kg]
         if u is None:
             return []
         return u.walk(self._b._key, self._ns, self._ctx(), self._b._time, t.ttl, t.update_on_read, t.return_expired)
 
-    def items(self) -> list[tuple[Any, Any]]:
-        """``(user_key, value)`` pairs, in insertion order. O(the key's entries)."""
-        return self._walk(self._kg())
-
     def entries(self) -> list[tuple[Any, Any]]:
         return self.items()
 
     def keys(self) -> list[Any]:
-        return [k for k, _ in self._walk(self._kg())]
+        """The user keys, in insertion order. O(the key's entries)."""
+        return [k for k, _ in self.items()]
 
     def values(self) -> list[Any]:
-        return [v for _, v in self._walk(self._kg())]
+        """The values, in insertion order. O(the key's entries)."""
+        return [v for _, v in self.items()]
 
     def is_empty(self) -> bool:
         """Whether no user entry is stored. As in Flink 2.3 this does not look at
