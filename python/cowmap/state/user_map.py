@@ -29,10 +29,12 @@ together by one ``KeyGroupUserMap``:
 
 The invariant (checked by :meth:`KeyGroupUserMap._check`): per ``(key,
 namespace)`` the entries reachable from ``head`` through ``links`` are exactly
-its entries in ``values``, ``count`` of them, ``prev`` and ``next`` agree, and
-``tail`` is the last one. Every change keeps it, with one allowed lag: an entry
-may leave ``values`` first (a get that finds it expired, a TTL sweep) and is
-then unlinked at once, before anything else reads the list.
+its entries in ``values``, ``count`` of them, ``prev`` and ``next`` agree,
+``tail`` is the last one, and the list's order is the order ``values`` keeps
+its entries in (which snapshots export, so a restore rebuilds the same lists).
+Every change keeps it, with one allowed lag: an entry may leave ``values``
+first (a get that finds it expired, a TTL sweep) and is then unlinked at once,
+before anything else reads the list.
 
 Single writer, like the core maps: not safe to change from two threads at once.
 """
