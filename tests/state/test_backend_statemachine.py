@@ -294,6 +294,7 @@ class BackendMachine(RuleBasedStateMachine):
         snap, model = self.snapshots[i % len(self.snapshots)]
         fresh = self._new_backend()
         fresh.restore(snap)
+        fresh._tables["map"]._check()
         again = fresh.snapshot()
         try:
             # a restore keeps each key's MapState insertion order
@@ -361,6 +362,12 @@ class BackendMachine(RuleBasedStateMachine):
                 maps[k] = entries
         view["map"] = self._map_view(maps, ordered)
         return view
+
+    @invariant()
+    def map_state_lists_hold(self) -> None:
+        """Every key group's MapState lists agree with its value map (``_check``)."""
+        if hasattr(self, "backend"):
+            self.backend._tables["map"]._check()
 
     @invariant()
     def keys_cover_the_model(self) -> None:

@@ -45,7 +45,7 @@ class ValueState(AsyncValueMethods, State):
             if v is None:
                 return self._default_value() if self._fresh_default else self._default
             return v
-        if t.cleanup_size:
+        if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
@@ -76,7 +76,7 @@ class ValueState(AsyncValueMethods, State):
         if not t.ttl:
             m.put(b._key, self._ns, value)
             return
-        if t.cleanup_size:
+        if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
