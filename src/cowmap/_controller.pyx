@@ -34,25 +34,22 @@ from cowmap._future cimport (
     _track,
     _track_tree,
 )
-from cowmap._keygroups cimport current_key, current_key_group, key_group_in_range, restore_key, switch_key
-from cowmap._views cimport cowmap_slot_cache, cowmap_slot_get, cowmap_slot_peek, state_slot
+from cowmap._context cimport KeyContext, StateView
 
 import collections
 import enum
 import weakref
 from time import monotonic
 
-cdef cowmap_slot_cache _key_get
-cdef str _KEY = "_key"
 
 
 cdef inline int _switch_key(AsyncExecutionController aec, RecordContext ctx) except -1:
     """Make ``ctx``'s key current on the backend before a record's callbacks run
     (Flink switches the key with the record context): ``set_current_key`` minus
     what process() already did for this key (its key group, the range check)."""
-    backend = aec.backend
-    if cowmap_slot_get(backend, _KEY, &_key_get) is not ctx.key:
-        switch_key(backend, ctx.key, ctx.key_group)
+    cdef KeyContext kc = aec._kc
+    if kc.key is not ctx.key:
+        kc.switch(ctx.key, ctx.key_group)
     return 0
 
 
@@ -75,8 +72,6 @@ for _name in ("value", "update", "clear", "get", "add", "add_all", "put", "put_a
 del _name
 
 cdef str _SYNC = _OPS[_SYNC_POINT]
-cdef cowmap_slot_cache _ns_slot
-cdef str _NS = "_ns"
 
 
 cdef str _batch_name(str op):
@@ -137,6 +132,7 @@ cdef class AsyncExecutionController(ControllerBase):
     """
 
     cdef public object backend
+    cdef KeyContext _kc  # the backend's key context
     cdef Py_ssize_t _batch_size
     cdef object _buffer_timeout_ms
     cdef double _timeout_s  # buffer_timeout_ms in seconds; 0: no timeout
@@ -173,7 +169,8 @@ cdef class AsyncExecutionController(ControllerBase):
     def __init__(self, backend, batch_size=1000, buffer_timeout_ms=1000, max_in_flight_records=6000, epoch_mode=EpochMode.SERIAL_BETWEEN_EPOCH, mailbox=None):
         if not isinstance(epoch_mode, EpochMode):
             raise TypeError(f"epoch_mode must be an EpochMode, not {type(epoch_mode).__name__}")
-        if not callable(getattr(backend, "set_current_key", None)):
+        kc = getattr(backend, "_kc", None)
+        if not isinstance(kc, KeyContext):
             raise TypeError(f"backend must be a KeyedStateBackend, not {type(backend).__name__}")
         self.batch_size = batch_size
         self.max_in_flight_records = max_in_flight_records
@@ -185,6 +182,7 @@ cdef class AsyncExecutionController(ControllerBase):
         elif not callable(getattr(mailbox, "post_delayed", None)):
             raise TypeError(f"mailbox must be a Mailbox (with post_delayed), not {type(mailbox).__name__}")
         self.backend = backend
+        self._kc = <KeyContext>kc
         self.epoch_mode = epoch_mode
         self.mailbox = mailbox
         self._task_thread = mailbox._task_thread  # the mailbox's task thread is ours
@@ -203,7 +201,7 @@ cdef class AsyncExecutionController(ControllerBase):
         #: calls made into the state layer to run requests (a vectorised group counts once)
         self.core_calls = 0
         self._self_ref = weakref.ref(self)
-        backend._aec = self._self_ref  # weak (see "GC visibility")
+        self._kc.aec = self._self_ref  # weak (see "GC visibility")
 
     def __dealloc__(self):
         # dropped with records in flight: hand their futures and contexts back
@@ -310,9 +308,9 @@ cdef class AsyncExecutionController(ControllerBase):
         while self._in_flight >= self._max_in_flight and not self._running:
             if not self._make_progress():
                 raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")
-        backend = self.backend
-        kg = key_group_in_range(backend, key)  # validates the key
-        switch_key(backend, key, kg)  # (backend.set_current_key, without the Python call)
+        cdef KeyContext kc = self._kc
+        kg = kc.key_group_of(key)  # validates the key
+        kc.switch(key, kg)  # (backend.set_current_key, without the Python call)
         ctx = _new_context()
         ctx.record = record
         ctx.key = key
@@ -359,7 +357,7 @@ cdef class AsyncExecutionController(ControllerBase):
         if state is None:
             ns = None
         else:
-            ns = state_slot(state, _NS, &_ns_slot, "async state requests")
+            ns = _view(state, "async state requests")._ns
         req = _new_future(self.mailbox, ctx)  # (untracked: see "GC visibility")
         req._kind = K_REQUEST
         req._fn = state
@@ -472,9 +470,9 @@ cdef class AsyncExecutionController(ControllerBase):
         n = len(batch)
         self.requests_run += n
         self._batch_error = None
-        backend = self.backend
-        key = current_key(backend)  # what the caller's state views point at, put back after
-        kg = current_key_group(backend)
+        cdef KeyContext kc = self._kc
+        key = kc.key  # what the caller's state views point at, put back after
+        kg = kc.key_group
         self._running = True
         try:
             while batch:
@@ -486,7 +484,7 @@ cdef class AsyncExecutionController(ControllerBase):
             raise
         finally:
             self._running = False
-            restore_key(backend, key, kg)
+            kc.restore(key, kg)
         exc = self._batch_error
         if exc is not None:
             self._batch_error = None
@@ -599,14 +597,14 @@ cdef class AsyncExecutionController(ControllerBase):
                 if error is not None:
                     raise error
                 return
-        backend = self.backend
+        cdef KeyContext kc = self._kc
         for i in range(n):
             req = <StateFuture>(<list>reqs)[i]
             self.core_calls += 1
             failed = None
             ctx = <RecordContext?>req._ctx
             try:
-                switch_key(backend, ctx.key, ctx.key_group)  # (validated by process)
+                kc.switch(ctx.key, ctx.key_group)  # (validated by process)
                 value = _call_in_namespace(state, req)
             except Exception as exc:  # a failing request fails its future (and its chain)
                 value = None
@@ -703,13 +701,13 @@ cdef class AsyncExecutionController(ControllerBase):
         drain would wait for ever. The current key is put back after."""
         self._check_thread()
         self._check_not_in_record("drain()")
-        backend = self.backend
-        key = current_key(backend)
-        kg = current_key_group(backend)
+        cdef KeyContext kc = self._kc
+        key = kc.key
+        kg = kc.key_group
         try:
             self._drain(timeout)
         finally:
-            restore_key(backend, key, kg)
+            kc.restore(key, kg)
 
     cdef int _check_not_in_record(self, str what) except -1:
         if self._current is not None:
@@ -806,9 +804,9 @@ cdef int _positive_int(str name, v) except -1:
 cdef inline int _restore_key(AsyncExecutionController aec, RecordContext ctx) except -1:
     """Make ``ctx``'s key current again after code that ran other records' (a nested
     record, a batch): code of a record always sees its own key."""
-    backend = aec.backend
-    if current_key(backend) is not ctx.key:
-        restore_key(backend, ctx.key, ctx.key_group)
+    cdef KeyContext kc = aec._kc
+    if kc.key is not ctx.key:
+        kc.restore(ctx.key, ctx.key_group)
     return 0
 
 
@@ -829,7 +827,7 @@ cdef object _call_in_namespace(state, StateFuture req):
     """Run request ``req``'s method on the view ``state`` in the request's namespace;
     the view's own namespace (the user's choice) is put back before any callback runs."""
     ns = _rq_ns(req)
-    own = state_slot(state, _NS, &_ns_slot, "async state requests")
+    own = (<StateView?>state)._ns
     method = getattr(state, _rq_op(req))
     if own is ns:
         return method(req._fn3) if req._one_arg else method(*req._fn3)
@@ -846,25 +844,19 @@ def _on_timeout(ref):
         aec._on_timeout()
 
 
-cdef cowmap_slot_cache _t_slot
-cdef str _T = "_t"
+cdef inline StateView _view(state, str what):
+    """``state`` as a state view; TypeError "``what`` need a state" if it is none."""
+    if not isinstance(state, StateView):
+        raise TypeError(f"{what} need a state, not {type(state).__name__}")
+    return <StateView>state
 
 
 cdef inline object _table_of(state):
-    """The table a state view is over (``state._t``; the state itself if it has none)."""
+    """The table a request's state view is over (None for a sync point). A request's
+    state was checked to be a view when it was made (see _request)."""
     if state is None:
         return None
-    cdef PyObject *p = cowmap_slot_peek(state, &_t_slot)
-    if p != NULL:
-        return <object>p
-    return _table_of_miss(state)
-
-
-cdef object _table_of_miss(state):
-    try:
-        return cowmap_slot_get(state, _T, &_t_slot)
-    except AttributeError:
-        return state
+    return (<StateView>state)._t
 
 
 cdef bint _first_use_in_wave(RecordContext ctx, state) except -1:

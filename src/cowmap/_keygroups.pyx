@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
-"""Stable key hashes and Flink's key-group assignment, compiled (see keyhash.h), and
-the current-key switch of a ``KeyedStateBackend`` built on them."""
+"""Stable key hashes and Flink's key-group assignment, compiled (see keyhash.h).
+The current key of a backend, which uses them, is in _context.pyx."""
 
 from libc.stdint cimport int32_t, int64_t
 
@@ -9,13 +9,6 @@ cdef extern from "keyhash.h":
     int32_t kh_murmur(int32_t code)
     int32_t kh_int64(int64_t v)
     int kh_hash(object key, int32_t *out, int depth) except -1
-
-cdef extern from "slots.h":
-    ctypedef struct cowmap_slot_cache:
-        pass
-    object cowmap_slot_get(object obj, object name, cowmap_slot_cache *c)
-    int cowmap_slot_set(object obj, object name, cowmap_slot_cache *c, object v) except -1
-
 
 cdef inline int _check_max_parallelism(long max_parallelism) except -1:
     if max_parallelism < 1 or max_parallelism > 32768:
@@ -81,62 +74,6 @@ def key_groups_for(keys, long max_parallelism):
     return result
 
 
-# ------------------------------------------------------------ the backend's current key
-# KeyedStateBackend keeps these in __slots__; set_current_key is the hottest call of
-# the sync path and the controller switches keys for every record, so both are C.
-
-cdef str _KEY = "_key"
-cdef str _KG = "_kg"
-cdef str _CLEANUPS = "_record_cleanups"
-cdef str _MAXP = "max_parallelism"
-cdef str _LO = "_lo"
-cdef str _HI = "_hi"
-cdef cowmap_slot_cache _key_set, _kg_set, _key_get, _kg_get, _cleanups_get
-cdef cowmap_slot_cache _maxp_get, _lo_get, _hi_get
-
-
-cdef int switch_key(object backend, object key, object key_group) except -1:
-    """Make ``key`` (already validated, of ``key_group``) current on ``backend``:
-    the last steps of ``set_current_key``, which the async controller also takes
-    for keys it validated before."""
-    cowmap_slot_set(backend, _KEY, &_key_set, key)
-    cowmap_slot_set(backend, _KG, &_kg_set, key_group)
-    cleanups = cowmap_slot_get(backend, _CLEANUPS, &_cleanups_get)
-    if cleanups:  # TTL states that clean up on every record
-        for t in cleanups:
-            t.cleanup_step()
-    return 0
-
-
-cdef int restore_key(object backend, object key, object key_group) except -1:
-    """Make ``key`` current on ``backend`` again after code that switched keys
-    (a batch, a nested record): no record starts, so no cleanup step runs."""
-    cowmap_slot_set(backend, _KEY, &_key_set, key)
-    cowmap_slot_set(backend, _KG, &_kg_set, key_group)
-    return 0
-
-
-cdef object current_key(object backend):
-    return cowmap_slot_get(backend, _KEY, &_key_get)
-
-
-cdef object current_key_group(object backend):
-    return cowmap_slot_get(backend, _KG, &_kg_get)
-
-
-cdef object key_group_in_range(object backend, object key):
-    """The key group of ``key`` on ``backend``; ValueError if the backend does not own it."""
-    cdef long maxp = cowmap_slot_get(backend, _MAXP, &_maxp_get)
-    cdef long lo = cowmap_slot_get(backend, _LO, &_lo_get)
-    cdef long hi = cowmap_slot_get(backend, _HI, &_hi_get)
-    cdef long kg = _key_group(key, maxp)
-    if not lo <= kg <= hi:
-        raise ValueError(
-            f"key {key!r} is in key group {kg}, outside this backend's range {backend.key_group_range}"
-        )
-    return kg
-
-
-def set_current_key(backend, key):
-    """Make ``key`` the key that state accesses read and write."""
-    switch_key(backend, key, key_group_in_range(backend, key))
+cdef long key_group_of(object key, long max_parallelism) except -1:
+    """``_key_group`` for the key context (_context.pyx)."""
+    return _key_group(key, max_parallelism)

@@ -10,7 +10,6 @@ states' vectorised ``_batch_<op>`` methods (value_state.py, map_state.py).
 """
 
 cimport cython
-from cpython.weakref cimport PyWeakref_CheckRef
 
 from cowmap._future cimport (
     ControllerBase,
@@ -21,7 +20,7 @@ from cowmap._future cimport (
     _rq_ns,
     _rq_op,
 )
-from cowmap._views cimport cowmap_slot_cache, cowmap_slot_get, state_slot
+from cowmap._context cimport KeyContext, StateView
 
 
 # ------------------------------------------------------------ the async twins
@@ -29,10 +28,6 @@ from cowmap._views cimport cowmap_slot_cache, cowmap_slot_get, state_slot
 # request of the record being processed with the backend's controller.
 
 
-cdef cowmap_slot_cache _b_slot
-cdef cowmap_slot_cache _aec_get
-cdef str _B = "_b"
-cdef str _AEC = "_aec"
 cdef tuple _NO_ARGS = ()
 # the request types, as the controller names them (interned: grouped by identity)
 cdef str _VALUE = "value"
@@ -49,16 +44,19 @@ cdef str _IS_EMPTY = "is_empty"
 
 
 cdef ControllerBase _aec_of(state):
-    b = state_slot(state, _B, &_b_slot, "async state methods")
-    aec = cowmap_slot_get(b, _AEC, &_aec_get)
-    if PyWeakref_CheckRef(aec):
+    """The controller of the backend of the view ``state``."""
+    if not isinstance(state, StateView):
+        raise TypeError(f"async state methods need a state, not {type(state).__name__}")
+    cdef KeyContext kc = (<StateView>state)._kc
+    if kc is None:
+        raise RuntimeError(f"{type(state).__name__} view not initialised (made without its __init__)")
+    aec = kc.aec
+    if aec is not None:
         aec = <object>PyWeakref_GetObject(aec)
     if aec is None:
         raise RuntimeError(
-            f"async calls on state {state._t.name!r} need an AsyncExecutionController for its backend"
+            f"async calls on state {(<StateView>state)._t.name!r} need an AsyncExecutionController for its backend"
         )
-    if not isinstance(aec, ControllerBase):
-        raise TypeError(f"the backend's controller must be an AsyncExecutionController, not {type(aec).__name__}")
     return <ControllerBase>aec
 
 

@@ -75,8 +75,8 @@ def test_ttl_cleanup_empties_a_large_map_state() -> None:
         ms.get(-1)
         if i % 250 == 0:  # the lists hold while sweeps take runs of neighbours out
             table._check()
-        if backend.num_entries() and len(table.maps[backend._kg]) == N // 3:
+        if backend.num_entries() and len(table.maps[backend.get_current_key_group()]) == N // 3:
             break
     table._check()
-    assert len(table.maps[backend._kg]) == N // 3
+    assert len(table.maps[backend.get_current_key_group()]) == N // 3
     assert ms.items() == [(u, -u) for u in range(0, N, 3)]

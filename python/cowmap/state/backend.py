@@ -7,7 +7,7 @@ import types
 from typing import Any, Callable
 
 from cowmap._core import wall_clock_ms
-from cowmap._keygroups import set_current_key as _set_current_key
+from cowmap._context import KeyContext
 from cowmap.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -53,20 +53,17 @@ class KeyedStateBackend:
     Not thread-safe: use a backend from one thread (snapshots may be read from others).
     """
 
-    # slots, not a __dict__: the compiled key switch (cowmap._keygroups) and the
-    # async controller read and write the current-key fields at fixed offsets
+    # The current key and what goes with it live in a compiled KeyContext (_kc),
+    # which the backend hands to its state views and its async controller.
+    # ``set_current_key`` is that context's method, stored on the instance: the
+    # hottest sync call, so no Python frame in between.
     __slots__ = (
         "max_parallelism",
         "key_group_range",
-        "_lo",
-        "_hi",
-        "_time",
-        "_key",
-        "_kg",
+        "_kc",
+        "set_current_key",
         "_tables",
         "_views",
-        "_record_cleanups",
-        "_aec",
         "__weakref__",
     )
 
@@ -87,36 +84,32 @@ class KeyedStateBackend:
             raise TypeError(f"time_provider must be callable, not {type(time_provider).__name__}")
         self.max_parallelism = max_parallelism
         self.key_group_range = key_group_range
-        self._lo = key_group_range.start
-        self._hi = key_group_range.end
-        self._time = _direct_call(time_provider) if time_provider is not None else wall_clock_ms
+        clock = _direct_call(time_provider) if time_provider is not None else wall_clock_ms
+        self._kc = KeyContext(max_parallelism, key_group_range.start, key_group_range.end, clock)
+        #: ``set_current_key(key)``: make ``key`` the key that state accesses read and
+        #: write (``TypeError`` for None / unhashable keys, ``ValueError`` for a key
+        #: outside the backend's key-group range). Compiled.
+        self.set_current_key: Callable[[Any], None] = self._kc.set_current_key
         self.now()  # fail here, not at the first TTL access, if it returns no int
-        self._key: Any = None
-        self._kg: int | None = None
         self._tables: dict[str, StateTable] = {}
         self._views: dict[str, State] = {}
-        self._record_cleanups: list[StateTable] = []
-        self._aec: Any = None  # a weak reference to the AsyncExecutionController made for this backend, if any
 
     # ------------------------------------------------------------ key context
 
-    #: ``set_current_key(key)``: make ``key`` the key that state accesses read and
-    #: write (``TypeError`` for None / unhashable keys, ``ValueError`` for a key
-    #: outside the backend's key-group range). Compiled: the hottest sync call.
-    set_current_key = _set_current_key
-
     def get_current_key(self) -> Any:
-        return self._key
+        return self._kc.key
 
     def get_current_key_group(self) -> int | None:
-        return self._kg
+        return self._kc.key_group
+
+    @property
+    def key_context(self) -> KeyContext:
+        """The compiled context of the current key, shared with the state views."""
+        return self._kc
 
     def now(self) -> int:
         """The time provider's current time, in milliseconds."""
-        now = self._time()
-        if type(now) is not int:
-            raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
-        return now
+        return self._kc.now()  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------ registration
 
@@ -139,10 +132,11 @@ class KeyedStateBackend:
             self._tables[name] = table
         else:
             table.configure(descriptor)  # ValueError when the kind differs
-        if table.cleanup_every_record and table not in self._record_cleanups:
-            self._record_cleanups.append(table)
-        elif not table.cleanup_every_record and table in self._record_cleanups:
-            self._record_cleanups.remove(table)
+        cleanups = self._kc.record_cleanups
+        if table.cleanup_every_record and table not in cleanups:
+            cleanups.append(table)
+        elif not table.cleanup_every_record and table in cleanups:
+            cleanups.remove(table)
         view = table.view_class(table)
         self._views[name] = view
         return view
@@ -249,12 +243,13 @@ class KeyedStateBackend:
                     f"state {name!r} is registered here {here} TTL but was snapshotted {there} TTL: "
                     f"its entries cannot be restored into it"
                 )
+        kc = self._kc
         for name, s in snapshot._states.items():
             table = self._tables.get(name)
             if table is None:
                 table = self._tables[name] = _TABLES[s.descriptor.kind](self, s.descriptor)
             for kg in sorted(s.maps):
-                if self._lo <= kg <= self._hi:
+                if kc.lo <= kg <= kc.hi:
                     table.import_records(kg, snapshot._entries_of(s, kg))
 
     def __repr__(self) -> str:

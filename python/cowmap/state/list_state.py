@@ -46,13 +46,13 @@ class ListState(AsyncListMethods, State):
         m = self._map(False)
         if m is None:
             return []
-        key, ns = self._b._key, self._ns
+        key, ns = self._kc.key, self._ns
         lst = m.get(key, ns)
         if lst is None:
             return []
         if not t.ttl:
             return list(lst)
-        now = self._b.now()
+        now = self._kc.now()
         values = lst[0::2]
         stamps = lst[1::2]
         if not t.is_expired(min(stamps), now):
@@ -84,7 +84,7 @@ class ListState(AsyncListMethods, State):
     def _append(self, vals: list[Any]) -> None:
         m = self._map(True)
         assert m is not None
-        key, ns = self._b._key, self._ns
+        key, ns = self._kc.key, self._ns
         lst = m.get(key, ns)  # a private copy if a snapshot shares it
         if not self._t.ttl:
             if lst is None:
@@ -92,7 +92,7 @@ class ListState(AsyncListMethods, State):
             else:
                 lst.extend(vals)
             return
-        now = self._b.now()
+        now = self._kc.now()
         flat = [x for v in vals for x in (v, now)]
         if lst is None:
             m.put(key, ns, flat, now)
@@ -104,13 +104,13 @@ class ListState(AsyncListMethods, State):
         vals = _checked(values, "update")
         m = self._map(True)
         assert m is not None
-        key, ns = self._b._key, self._ns
+        key, ns = self._kc.key, self._ns
         if not vals:
             m.remove(key, ns)
         elif not self._t.ttl:
             m.put(key, ns, vals)
         else:
-            now = self._b.now()
+            now = self._kc.now()
             m.put(key, ns, [x for v in vals for x in (v, now)], now)
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
@@ -128,7 +128,7 @@ class ListState(AsyncListMethods, State):
         m = self._current_map()
         if m is None or not srcs:
             return
-        key = self._b._key
+        key = self._kc.key
         merged: list[Any] = []
         for src in srcs:
             lst = m.get(key, src)

@@ -115,7 +115,7 @@ class MapState(AsyncMapMethods, State):
         self._c_key = None
 
     def _ctx(self) -> Any:
-        key = self._b._key
+        key = self._kc.key
         if self._c_key is not key:
             self._c = make_ctx(key, self._ns)
             self._c_key = key
@@ -123,7 +123,7 @@ class MapState(AsyncMapMethods, State):
 
     def _kg(self) -> int:
         """The current key group after one access's cleanup step."""
-        kg = self._b._kg
+        kg = self._kc.key_group
         if kg is None:
             raise self._no_key()
         t = self._t
@@ -136,13 +136,13 @@ class MapState(AsyncMapMethods, State):
     def _lookup(self, ukey: Any) -> Any:
         """The value of ``ukey`` after the TTL check (``_ABSENT`` when absent or hidden)."""
         t = self._t
-        b = self._b
-        kg = b._kg
+        kc = self._kc
+        kg = kc.key_group
         if kg is None:
             raise self._no_key()
         e = t.maps[kg]
         if e is not None:
-            ctx = self._c if self._c_key is b._key else self._ctx()
+            ctx = self._c if self._c_key is kc.key else self._ctx()
             e.prefetch(ukey, ctx)  # the bucket's miss overlaps the cleanup step and the clock
         if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
             t.ticks -= 1
@@ -153,7 +153,7 @@ class MapState(AsyncMapMethods, State):
         if not t.ttl:
             v = e.get(ukey, ctx)
         else:
-            v = e.get_unexpired(ukey, ctx, b._time, t.ttl, t.update_on_read)
+            v = e.get_unexpired(ukey, ctx, kc.clock, t.ttl, t.update_on_read)
             if v is EXPIRED:
                 v = e.remove_and_get_old(ukey, ctx)
                 t.users[kg].unlink(ctx, ukey)
@@ -175,8 +175,8 @@ class MapState(AsyncMapMethods, State):
     def put(self, key: Any, value: Any) -> None:
         """Set user key ``key`` to ``value``; a new key goes last in iteration order. O(1)."""
         t = self._t
-        b = self._b
-        kg = b._kg
+        kc = self._kc
+        kg = kc.key_group
         if kg is None:
             raise self._no_key()
         if key is None:
@@ -184,14 +184,14 @@ class MapState(AsyncMapMethods, State):
         e = t.maps[kg]
         if e is None:
             e = t.map_for_write(kg)
-        ctx = self._c if self._c_key is b._key else self._ctx()
+        ctx = self._c if self._c_key is kc.key else self._ctx()
         e.prefetch(key, ctx)  # the bucket's miss overlaps the cleanup step and the clock
         if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
         # one lookup, the clock read inside it; a new user key still needs linking
-        if e.put(key, ctx, NONE_VALUE if value is None else value, b._time if t.ttl else NO_TIMESTAMP):
+        if e.put(key, ctx, NONE_VALUE if value is None else value, kc.clock if t.ttl else NO_TIMESTAMP):
             t.users[kg].link(ctx, key)
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
@@ -204,7 +204,7 @@ class MapState(AsyncMapMethods, State):
         t.map_for_write(kg)
         insert = t.users[kg].insert  # type: ignore[union-attr]
         ctx = self._ctx()
-        ts = self._b.now() if t.ttl else NO_TIMESTAMP
+        ts = self._kc.now() if t.ttl else NO_TIMESTAMP
         for ukey, value in items:
             if ukey is None:
                 raise TypeError("MapState user keys must not be None")
@@ -223,7 +223,7 @@ class MapState(AsyncMapMethods, State):
         u = t.users[kg]
         if u is None:
             return []
-        return u.walk(self._b._key, self._ns, self._ctx(), self._b._time, t.ttl, t.update_on_read, t.return_expired)
+        return u.walk(self._kc.key, self._ns, self._ctx(), self._kc.clock, t.ttl, t.update_on_read, t.return_expired)
 
     def entries(self) -> list[tuple[Any, Any]]:
         return self.items()
@@ -240,17 +240,17 @@ class MapState(AsyncMapMethods, State):
         """Whether no user entry is stored. As in Flink 2.3 this does not look at
         timestamps: entries that expired but were not cleaned up yet count. O(1)."""
         u = self._t.users[self._kg()]
-        return u is None or not u.has_entries(self._b._key, self._ns)
+        return u is None or not u.has_entries(self._kc.key, self._ns)
 
     def clear(self) -> None:
         """Remove every user entry of the current key and namespace. O(its entries)."""
         t = self._t
-        kg = self._b._kg
+        kg = self._kc.key_group
         if kg is None:
             raise self._no_key()
         u = t.users[kg]
         if u is not None:
-            u.clear_key(self._b._key, self._ns, self._ctx())
+            u.clear_key(self._kc.key, self._ns, self._ctx())
         if t.cleanup_size:
             t.cleanup_step()
 
@@ -266,7 +266,7 @@ class MapState(AsyncMapMethods, State):
         if not t.ttl:
             out = multi_get(t.maps, kgs, ukeys, ctxs)
         else:
-            out = multi_get(t.maps, kgs, ukeys, ctxs, self._b._time, t.ttl, t.update_on_read)
+            out = multi_get(t.maps, kgs, ukeys, ctxs, self._kc.clock, t.ttl, t.update_on_read)
             for i in positions(out, EXPIRED):
                 v = t.maps[kgs[i]].remove_and_get_old(ukeys[i], ctxs[i])  # type: ignore[union-attr]
                 t.users[kgs[i]].unlink(ctxs[i], ukeys[i])
@@ -282,7 +282,7 @@ class MapState(AsyncMapMethods, State):
         t.prepare_batch_write(kgs)
         ctxs = map_contexts(keys, nss, VOID_NAMESPACE, NS_MARKER)
         values = request_args(reqs, 1)
-        ts = self._b._time() if t.ttl else NO_TIMESTAMP
+        ts = self._kc.clock() if t.ttl else NO_TIMESTAMP
         done = multi_replace(t.maps, kgs, ukeys, ctxs, replace_all(values.copy(), None, NONE_VALUE), ts)
         users = t.users
         for i in positions(done, False):  # new user keys: insert and link them

@@ -29,11 +29,11 @@ class _MergingState(AsyncMergingMethods, State):
         if m is None:
             return _ABSENT
         t = self._t
-        key = self._b._key
+        key = self._kc.key
         if not t.ttl:
             acc = m.get(key, ns)
             return _ABSENT if acc is None else acc
-        acc = m.get_unexpired(key, ns, self._b._time, t.ttl, t.update_on_read)
+        acc = m.get_unexpired(key, ns, self._kc.clock, t.ttl, t.update_on_read)
         if acc is None:
             return _ABSENT
         if acc is EXPIRED:
@@ -44,7 +44,7 @@ class _MergingState(AsyncMergingMethods, State):
     def _usable(self, m: CopyOnWriteStateMap, ns: Any) -> Any:
         """The stored accumulator for a write (Flink's ``getUnexpired``), or ``_ABSENT``."""
         t = self._t
-        key = self._b._key
+        key = self._kc.key
         if not t.ttl:
             acc = m.get(key, ns)
             return _ABSENT if acc is None else acc
@@ -52,15 +52,15 @@ class _MergingState(AsyncMergingMethods, State):
         if r is None:
             return _ABSENT
         acc, ts = r
-        if not t.return_expired and t.is_expired(ts, self._b.now()):
+        if not t.return_expired and t.is_expired(ts, self._kc.now()):
             return _ABSENT
         return acc
 
     def _write(self, m: CopyOnWriteStateMap, ns: Any, acc: Any) -> None:
         if self._t.ttl:
-            m.put(self._b._key, ns, acc, self._b.now())
+            m.put(self._kc.key, ns, acc, self._kc.now())
         else:
-            m.put(self._b._key, ns, acc)
+            m.put(self._kc.key, ns, acc)
 
     def _merge_function(self) -> Callable[[Any, Any], Any]:
         """The function that merges two accumulators (it may change the first)."""
@@ -95,12 +95,12 @@ class _MergingState(AsyncMergingMethods, State):
         """
         srcs = self._merge_sources(target, sources)  # RuntimeError without a current key
         t = self._t
-        m = t.maps[self._b._kg]  # type: ignore[index]
+        m = t.maps[self._kc.key_group]  # type: ignore[index]
         if m is None or not srcs:
             return
         if t.merging:
             raise RuntimeError(f"merge_namespaces of state {t.name!r} called from its own reduce/merge function")
-        key = self._b._key  # the function may switch keys: the merge stays with this one
+        key = self._kc.key  # the function may switch keys: the merge stays with this one
         ttl = t.ttl
         t.merging = True
         try:
@@ -155,7 +155,7 @@ class _MergingState(AsyncMergingMethods, State):
         ``srcs`` into ``target`` of ``key`` leaves in ``target``; ``_ABSENT``
         when no source has one. Changes nothing in ``m``."""
         t = self._t
-        now = self._b.now()
+        now = self._kc.now()
         fn = self._merge_function()
         copy = t.copy_value
         stored: set[int] = set()  # as in _merged

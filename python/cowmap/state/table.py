@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from cowmap._context import StateView
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.ttl import StateVisibility, UpdateType, expired
@@ -232,25 +233,19 @@ class StateTable:
             m.put(key, ns, copy(state), ts)
 
 
-class State:
-    """Base of the state views: the current namespace and the backend's current key."""
+class State(StateView):
+    """Base of the state views: the current namespace and the backend's key context.
 
-    __slots__ = ("_t", "_b", "_ns", "_default")
+    Its fields are compiled (``StateView``: ``_t`` the table, ``_kc`` the backend's
+    key context, ``_ns`` the current namespace, ``VOID_NAMESPACE`` by default), so
+    the async layer reads them by field; ``set_current_namespace`` /
+    ``get_current_namespace`` come from there too.
+    """
+
+    __slots__ = ("_default",)
 
     def __init__(self, table: StateTable) -> None:
-        self._t = table
-        self._b = table.backend
-        self._ns: Any = VOID_NAMESPACE
-
-    def set_current_namespace(self, namespace: Any) -> None:
-        """Scope later calls to ``namespace`` (e.g. a window); ``VOID_NAMESPACE`` by default."""
-        if namespace is None:
-            raise TypeError("namespace must not be None (use VOID_NAMESPACE for no namespace)")
-        hash(namespace)  # unhashable -> TypeError now, not at the first access
-        self._ns = namespace
-
-    def get_current_namespace(self) -> Any:
-        return self._ns
+        super().__init__(table, table.backend._kc, VOID_NAMESPACE)
 
     @property
     def name(self) -> str:
@@ -259,8 +254,8 @@ class State:
     def _current_map(self) -> CopyOnWriteStateMap | None:
         """The current key group's map (None until it has one); RuntimeError without a key."""
         try:
-            return self._t.maps[self._b._kg]  # type: ignore[index]
-        except TypeError:  # no current key: _kg is None
+            return self._t.maps[self._kc.key_group]  # type: ignore[index]
+        except TypeError:  # no current key: key_group is None
             raise self._no_key() from None
 
     def _map(self, write: bool) -> CopyOnWriteStateMap | None:
@@ -270,14 +265,14 @@ class State:
         if t.cleanup_size:
             t.cleanup_step()
         if m is None and write:
-            m = t.map_for_write(self._b._kg)  # type: ignore[arg-type]
+            m = t.map_for_write(self._kc.key_group)  # type: ignore[arg-type]
         return m
 
     def clear(self) -> None:
         """Remove the current key's state in the current namespace."""
         m = self._current_map()
         if m is not None:
-            m.remove(self._b._key, self._ns)
+            m.remove(self._kc.key, self._ns)
         if self._t.cleanup_size:
             self._t.cleanup_step()
 
@@ -287,7 +282,7 @@ class State:
         O(1)). RuntimeError without a current key, TypeError for a target or
         source that is None or unhashable, or ``sources`` that is no iterable
         (a str or bytes is taken for one namespace given by mistake)."""
-        if self._b._kg is None:
+        if self._kc.key_group is None:
             raise self._no_key()
         if target is None:
             raise TypeError("target namespace must not be None (use VOID_NAMESPACE for no namespace)")

@@ -33,15 +33,15 @@ class ValueState(AsyncValueMethods, State):
 
     def value(self) -> Any:
         t = self._t
-        b = self._b
+        kc = self._kc
         try:  # State._current_map, inlined: value() and update() are the hottest path
-            m = t.maps[b._kg]
+            m = t.maps[kc.key_group]
         except TypeError:
             raise self._no_key() from None
         if not t.ttl:
             if m is None:
                 return self._default_value() if self._fresh_default else self._default
-            v = m.get(b._key, self._ns)
+            v = m.get(kc.key, self._ns)
             if v is None:
                 return self._default_value() if self._fresh_default else self._default
             return v
@@ -53,34 +53,34 @@ class ValueState(AsyncValueMethods, State):
             return self._default_value()
         # the time provider, not its time: the map calls it once (the default
         # wall_clock_ms in C, without a Python call)
-        v = m.get_unexpired(b._key, self._ns, b._time, t.ttl, t.update_on_read)
+        v = m.get_unexpired(kc.key, self._ns, kc.clock, t.ttl, t.update_on_read)
         if v is None:
             return self._default_value()
         if v is EXPIRED:
-            v = m.remove_and_get_old(b._key, self._ns)
+            v = m.remove_and_get_old(kc.key, self._ns)
             return v if t.return_expired else self._default_value()
         return v
 
     def update(self, value: Any) -> None:
         t = self._t
-        b = self._b
+        kc = self._kc
         if value is None:
             self.clear()
             return
         try:
-            m = t.maps[b._kg]
+            m = t.maps[kc.key_group]
         except TypeError:
             raise self._no_key() from None
         if m is None:
-            m = t.map_for_write(b._kg)
+            m = t.map_for_write(kc.key_group)
         if not t.ttl:
-            m.put(b._key, self._ns, value)
+            m.put(kc.key, self._ns, value)
             return
         if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
             t.ticks -= 1
             if t.ticks <= 0:
                 t.run_cleanup()
-        m.put(b._key, self._ns, value, b._time)
+        m.put(kc.key, self._ns, value, kc.clock)
 
     # -- vectorised forms for the AsyncExecutionController: one core call per batch
 
@@ -92,7 +92,7 @@ class ValueState(AsyncValueMethods, State):
         if not t.ttl:
             out = multi_get(t.maps, kgs, keys, nss)
         else:
-            out = multi_get(t.maps, kgs, keys, nss, self._b._time, t.ttl, t.update_on_read)
+            out = multi_get(t.maps, kgs, keys, nss, self._kc.clock, t.ttl, t.update_on_read)
             for i in positions(out, EXPIRED):
                 v = t.maps[kgs[i]].remove_and_get_old(keys[i], nss[i])  # type: ignore[union-attr]
                 out[i] = v if t.return_expired else None
@@ -109,7 +109,7 @@ class ValueState(AsyncValueMethods, State):
         t = self._t
         kgs, keys, nss = request_columns(reqs)
         t.prepare_batch_write(kgs)
-        multi_put(t.maps, kgs, keys, nss, values, self._b._time if t.ttl else NO_TIMESTAMP)
+        multi_put(t.maps, kgs, keys, nss, values, self._kc.clock if t.ttl else NO_TIMESTAMP)
         return [None] * len(reqs)
 
 

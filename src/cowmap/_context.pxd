@@ -1,0 +1,24 @@
+# The key context of a KeyedStateBackend and the compiled base of its state views:
+# what the compiled layers (_controller.pyx, _requests.pyx) read and write, by field.
+
+cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
+    cdef object key              # the current key; None until one is set
+    cdef object key_group        # its key group (an int); None until a key is set
+    cdef object clock            # the time provider: a callable returning int milliseconds
+    cdef list record_cleanups    # the TTL tables that run a cleanup step on every record
+    cdef object aec              # a weak reference to the backend's AsyncExecutionController, or None
+    cdef readonly long max_parallelism
+    cdef readonly long lo        # the key-group range owned, inclusive
+    cdef readonly long hi
+
+    cdef object key_group_of(self, object key)
+    cdef int switch(self, object key, object key_group) except -1
+    cdef int restore(self, object key, object key_group) except -1
+
+
+cdef public class StateView [object cm_StateView, type cm_StateViewType]:
+    cdef object _t               # the state's table (its maps and settings)
+    cdef KeyContext _kc          # the backend's key context
+    cdef object _ns              # the view's current namespace
+
+    cdef int _set_namespace(self, namespace) except -1

@@ -1,0 +1,138 @@
+# cython: language_level=3
+"""The key context of a keyed-state backend and the compiled base of its state views.
+
+A ``KeyContext`` holds what every state access reads: the current key and its key
+group, the clock, the key-group range the backend owns, the TTL tables that clean up
+on every record and the backend's async controller (Flink's ``InternalKeyContext``).
+The backend owns one and hands it to each state view (``StateView._kc``) and to the
+controller; compiled code reads its fields by name, so a rename breaks the build.
+Python reads the hot fields through member descriptors (see members.h), as fast as
+``__slots__``.
+"""
+
+cimport cython
+
+from cowmap._keygroups cimport key_group_of
+
+cdef extern from "members.h":
+    int cm_expose_member(object type, const char *name, Py_ssize_t offset, int writable) except -1
+
+cdef extern from *:
+    """
+    #define CM_KC_OFF(f) offsetof(struct cm_KeyContext, f)
+    #define CM_SV_OFF(f) offsetof(struct cm_StateView, f)
+    """
+    Py_ssize_t KC_KEY "CM_KC_OFF(key)"
+    Py_ssize_t KC_KEY_GROUP "CM_KC_OFF(key_group)"
+    Py_ssize_t KC_CLOCK "CM_KC_OFF(clock)"
+    Py_ssize_t KC_CLEANUPS "CM_KC_OFF(record_cleanups)"
+    Py_ssize_t KC_AEC "CM_KC_OFF(aec)"
+    Py_ssize_t SV_T "CM_SV_OFF(_t)"
+    Py_ssize_t SV_KC "CM_SV_OFF(_kc)"
+    Py_ssize_t SV_NS "CM_SV_OFF(_ns)"
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
+    """The current key of a backend and what goes with it.
+
+    Read-only from Python (``key``, ``key_group``, ``clock``, ``record_cleanups``,
+    ``aec``, ``max_parallelism``, ``lo``, ``hi``): the key changes only through
+    :meth:`set_current_key`, which checks it. Single-threaded, as the backend is.
+    """
+
+    def __init__(self, long max_parallelism, long lo, long hi, clock):
+        if max_parallelism < 1 or max_parallelism > 32768:
+            raise ValueError(f"max_parallelism must be within 1..32768, got {max_parallelism}")
+        if not 0 <= lo <= hi < max_parallelism:
+            raise ValueError(f"key-group range {lo}..{hi} is not within 0..{max_parallelism - 1}")
+        if not callable(clock):
+            raise TypeError(f"clock must be callable, not {type(clock).__name__}")
+        self.max_parallelism = max_parallelism
+        self.lo = lo
+        self.hi = hi
+        self.clock = clock
+        self.key = None
+        self.key_group = None
+        self.record_cleanups = []
+        self.aec = None
+
+    def set_current_key(self, key):
+        """Make ``key`` the key that state accesses read and write. O(len(key)).
+
+        ``TypeError`` for None / unhashable keys, ``ValueError`` for a key outside
+        the backend's key-group range."""
+        self.switch(key, self.key_group_of(key))
+
+    def now(self):
+        """The clock's time in milliseconds (``TypeError`` if it returns no int)."""
+        now = self.clock()
+        if type(now) is not int:
+            raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
+        return now
+
+    cdef object key_group_of(self, object key):
+        """The key group of ``key``; ValueError if this backend does not own it."""
+        cdef long kg = key_group_of(key, self.max_parallelism)
+        if not self.lo <= kg <= self.hi:
+            raise ValueError(
+                f"key {key!r} is in key group {kg}, outside this backend's range "
+                f"KeyGroupRange({self.lo}, {self.hi})"
+            )
+        return kg
+
+    cdef int switch(self, object key, object key_group) except -1:
+        """Make ``key`` (already checked, of ``key_group``) current: a record starts,
+        so the tables that clean up on every record take a step."""
+        self.key = key
+        self.key_group = key_group
+        cleanups = self.record_cleanups
+        if cleanups:
+            for t in cleanups:
+                t.cleanup_step()
+        return 0
+
+    cdef int restore(self, object key, object key_group) except -1:
+        """Make ``key`` current again after code that switched keys (a batch, a
+        nested record): no record starts, so no cleanup step runs."""
+        self.key = key
+        self.key_group = key_group
+        return 0
+
+    def __repr__(self):
+        return f"<KeyContext key={self.key!r} key_group={self.key_group!r}>"
+
+
+@cython.auto_pickle(False)
+cdef public class StateView [object cm_StateView, type cm_StateViewType]:
+    """The compiled base of the state views: their table, the backend's key context
+    and their current namespace (``_t``, ``_kc``, ``_ns``, read-only from Python)."""
+
+    def __init__(self, table, KeyContext kc not None, namespace):
+        self._t = table
+        self._kc = kc
+        self._set_namespace(namespace)
+
+    def set_current_namespace(self, namespace):
+        """Scope later calls to ``namespace`` (e.g. a window). ``TypeError`` for None
+        or an unhashable namespace."""
+        self._set_namespace(namespace)
+
+    cdef int _set_namespace(self, namespace) except -1:
+        if namespace is None:
+            raise TypeError("namespace must not be None (use VOID_NAMESPACE for no namespace)")
+        hash(namespace)  # unhashable -> TypeError now, not at the first access
+        self._ns = namespace
+        return 0
+
+    def get_current_namespace(self):
+        return self._ns
+
+
+for _name, _off in ((b"key", KC_KEY), (b"key_group", KC_KEY_GROUP), (b"clock", KC_CLOCK),
+                    (b"record_cleanups", KC_CLEANUPS), (b"aec", KC_AEC)):
+    cm_expose_member(KeyContext, _name, _off, 0)
+for _name, _off in ((b"_t", SV_T), (b"_kc", SV_KC), (b"_ns", SV_NS)):
+    cm_expose_member(StateView, _name, _off, 0)
+del _name, _off
