@@ -54,4 +54,4 @@ def test_docstring_examples_run(name: str) -> None:
 
 def test_the_documented_examples_are_found() -> None:
     found = {t.name for name in MODULES for t in _doctests(importlib.import_module(name))}
-    assert DOCUMENTED <= found
+    assert found >= DOCUMENTED

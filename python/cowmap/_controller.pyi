@@ -1,7 +1,8 @@
 """Type stub for src/cowmap/_controller.pyx: the AsyncExecutionController."""
 
 import enum
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from cowmap._future import RecordContext, StateFuture
 

@@ -1,12 +1,13 @@
 """Type stub for the compiled core (src/cowmap/_core.pyx)."""
 
-from typing import Any, Callable, Iterator, Sequence, Union
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 #: a timestamp in ms, or a time provider returning one (called once per call)
-Time = Union[int, Callable[[], int]]
+Time = int | Callable[[], int]
 
 NO_TIMESTAMP: int
 """Timestamp of entries written without one (2**63 - 1): they never expire."""
@@ -21,7 +22,7 @@ def block_stats() -> dict[str, Any]:
 def wall_clock_ms() -> int:
     """Milliseconds since the Unix epoch (the backend's default time provider)."""
 
-Keys = Union[Sequence[Any], npt.NDArray[np.int64]]
+Keys = Sequence[Any] | npt.NDArray[np.int64]
 
 class CopyOnWriteStateMap:
     """A chained hash map keyed by ``(key, namespace)`` with copy-on-write snapshots.
@@ -51,7 +52,9 @@ class CopyOnWriteStateMap:
     def remove(self, key: Any, namespace: Any) -> None: ...
     def put_and_get_old(self, key: Any, namespace: Any, state: Any, ts: Time = ...) -> Any: ...
     def remove_and_get_old(self, key: Any, namespace: Any) -> Any: ...
-    def transform(self, key: Any, namespace: Any, value: Any, fn: Callable[[Any, Any], Any], ts: Time = ...) -> None: ...
+    def transform(
+        self, key: Any, namespace: Any, value: Any, fn: Callable[[Any, Any], Any], ts: Time = ...
+    ) -> None: ...
     # -- batch operations: one Python->C crossing per call; int64 numpy arrays take a fast path
     def get_many(self, keys: Keys, namespace: Any) -> list[Any]: ...
     def put_many(self, keys: Keys, namespace: Any, states: Sequence[Any], ts: Time = ...) -> None: ...

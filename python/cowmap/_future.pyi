@@ -1,6 +1,7 @@
 """Type stub for src/cowmap/_future.pyx: futures and record contexts."""
 
-from typing import Any, Callable, Generic, Iterable, TypeVar
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 U = TypeVar("U")

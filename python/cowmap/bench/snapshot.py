@@ -20,7 +20,7 @@ from datetime import timedelta
 
 import numpy as np
 
-from cowmap.state import KeyedStateBackend, StateTtlConfig, ValueStateDescriptor
+from cowmap.state import KeyedStateBackend, KeyedStateSnapshot, StateTtlConfig, ValueStateDescriptor
 
 CHUNK = 1000
 
@@ -41,7 +41,7 @@ def run_snapshot(sizes: list[int], seed: int = 42, progress=None) -> list[dict]:
     rows = []
     for n in sizes:
         clock = [0]
-        backend = KeyedStateBackend(time_provider=lambda: clock[0])
+        backend = KeyedStateBackend(time_provider=lambda clock=clock: clock[0])
         desc = ValueStateDescriptor("v", default_value=0)
         desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(hours=1)).build())
         state = backend.get_state(desc)
@@ -81,7 +81,7 @@ def run_snapshot(sizes: list[int], seed: int = 42, progress=None) -> list[dict]:
             done_evt = threading.Event()
             res: dict = {}
 
-            def writer() -> None:
+            def writer(s: KeyedStateSnapshot = s, res: dict = res, done_evt: threading.Event = done_evt) -> None:
                 t0 = time.perf_counter()
                 res["n"] = _write(s, io.BytesIO())
                 res["s"] = time.perf_counter() - t0
@@ -111,5 +111,6 @@ def print_snapshot(rows: list[dict]) -> None:
           f"{'update ns/rec':>14} {'snapshot live':>14} {'ratio':>6}")
     for r in rows:
         ratio = r["update_ns_snapshot_live"] / r["update_ns_plain"]
-        print(f"{r['entries']:>11,} {r['snapshot_start_us']:>11,.1f} {r['write_s']:>10.3f} {r['write_concurrent_s']:>21.3f} "
-              f"{r['written_mib']:>8.1f} {r['update_ns_plain']:>14,.0f} {r['update_ns_snapshot_live']:>14,.0f} {ratio:>6.2f}")
+        print(f"{r['entries']:>11,} {r['snapshot_start_us']:>11,.1f} {r['write_s']:>10.3f} "
+              f"{r['write_concurrent_s']:>21.3f} {r['written_mib']:>8.1f} {r['update_ns_plain']:>14,.0f} "
+              f"{r['update_ns_snapshot_live']:>14,.0f} {ratio:>6.2f}")

@@ -27,8 +27,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from cowmap.bench.workload import Settings, make_records, plan_batches, units_per_batch
 from cowmap.state import KeyedStateBackend, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
