@@ -13,6 +13,7 @@ import argparse
 import platform
 import sys
 import time
+from collections.abc import Callable
 
 SCENARIOS = ("ttl", "core", "snapshot")
 
@@ -27,7 +28,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     return vals
 
 
-def _names(allowed: tuple[str, ...]):
+def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
         vals = tuple(x.strip() for x in text.split(",") if x.strip())
         bad = [v for v in vals if v not in allowed]

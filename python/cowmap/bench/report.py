@@ -88,8 +88,8 @@ def matrix_table(rows: list[dict]) -> list[str]:
     for (system, label, ttl), by_e in lines.items():
         cells = []
         for e in es:
-            r = by_e.get(e)
-            cells.append("-" if r is None else _fmt_int(r["ns_median"]) + ("" if r["state_ok"] else "!"))
+            row = by_e.get(e)
+            cells.append("-" if row is None else _fmt_int(row["ns_median"]) + ("" if row["state_ok"] else "!"))
         body.append([f"{system} {label}", ttl] + cells)
     return _table(header, body, set(range(2, 2 + len(es))))
 
