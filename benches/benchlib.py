@@ -329,7 +329,8 @@ def render_summary(figs: Figures) -> list[str]:
     right = {2, 3, 5}
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        padded = (c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(padded).rstrip()
 
     out = [line(header), line(["-" * w for w in widths])]
     out += [line(row) for row in table]

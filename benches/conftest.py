@@ -55,7 +55,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     _session_info["load0"] = os.getloadavg()
     try:
         _session_info["core"] = _core_file()
-    except Exception as exc:  # pragma: no cover - the tests will fail to import anyway
+    except Exception as exc:  # noqa: BLE001  # pragma: no cover - the tests will fail to import anyway
         _session_info["core"] = (f"unknown ({exc!r})", float("nan"))
 
 

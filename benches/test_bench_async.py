@@ -36,10 +36,10 @@ import statistics
 import time
 from typing import Any
 
-import benchlib
-
 from cowmap.asyncstate import AsyncExecutionController
 from cowmap.state import KeyedStateBackend, MapStateDescriptor, ValueStateDescriptor
+
+import benchlib
 
 N_RECORDS = 1_000_000
 N_KEYS = 100_000

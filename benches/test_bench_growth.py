@@ -50,8 +50,9 @@ from array import array
 import numpy as np
 import pytest
 
-from benchlib import BIG_LABEL, NS
 from cowmap import CopyOnWriteStateMap
+
+from benchlib import BIG_LABEL, NS
 
 RUNS = 3
 TOP = 5
@@ -69,24 +70,20 @@ GROUP = f"4. grow 0 -> {BIG_LABEL}, every put timed, 3+2 runs (total time, not a
 def _grow_cowmap(keys, wall):
     m = CopyOnWriteStateMap()
     put, pc, ns = m.put, time.perf_counter_ns, NS
-    i = 0
-    for k in keys:
+    for i, k in enumerate(keys):
         t0 = pc()
         put(k, ns, k)
         wall[i] = pc() - t0
-        i += 1
     assert len(m) == len(keys)
 
 
 def _grow_dict(keys, wall):
     d = {}
     pc, ns = time.perf_counter_ns, NS
-    i = 0
-    for k in keys:
+    for i, k in enumerate(keys):
         t0 = pc()
         d[(k, ns)] = k
         wall[i] = pc() - t0
-        i += 1
     assert len(d) == len(keys)
 
 
@@ -94,8 +91,7 @@ def _grow_cowmap_checked(keys, mask, wall, cpu):
     """Grow the same way; inserts where ``mask`` is set are timed by wall clock and CPU time."""
     m = CopyOnWriteStateMap()
     put, pc, tt, ns = m.put, time.perf_counter_ns, time.thread_time_ns, NS
-    i = 0
-    for k in keys:
+    for i, k in enumerate(keys):
         if mask[i]:
             c0 = tt()
             t0 = pc()
@@ -105,15 +101,13 @@ def _grow_cowmap_checked(keys, mask, wall, cpu):
             wall[i] = t1 - t0
         else:
             put(k, ns, k)
-        i += 1
     assert len(m) == len(keys)
 
 
 def _grow_dict_checked(keys, mask, wall, cpu):
     d = {}
     pc, tt, ns = time.perf_counter_ns, time.thread_time_ns, NS
-    i = 0
-    for k in keys:
+    for i, k in enumerate(keys):
         if mask[i]:
             c0 = tt()
             t0 = pc()
@@ -123,7 +117,6 @@ def _grow_dict_checked(keys, mask, wall, cpu):
             wall[i] = t1 - t0
         else:
             d[(k, ns)] = k
-        i += 1
     assert len(d) == len(keys)
 
 

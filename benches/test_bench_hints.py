@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import pytest
 
-from benchlib import NS, Interleaved, build_cowmap
 from cowmap._core import FlatStateMap
+
+from benchlib import NS, Interleaved, build_cowmap
 
 PROBES = 200_000
 AHEAD = 4

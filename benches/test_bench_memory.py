@@ -34,8 +34,9 @@ from itertools import repeat
 
 import pytest
 
-from benchlib import NS, settle
 from cowmap import CopyOnWriteStateMap
+
+from benchlib import NS, settle
 
 GROUP = "5. build from empty under tracemalloc (time not a figure)"
 

@@ -66,6 +66,13 @@ import numpy as np
 import psutil
 import pytest
 
+from cowmap.state import (
+    KeyedStateBackend,
+    MapStateDescriptor,
+    StateTtlConfig,
+    ValueStateDescriptor,
+)
+
 from benchlib import (
     MAP_EQ_TOTAL,
     MAP_KEYS,
@@ -74,12 +81,6 @@ from benchlib import (
     SEED,
     Interleaved,
     map_keys_for,
-)
-from cowmap.state import (
-    KeyedStateBackend,
-    MapStateDescriptor,
-    StateTtlConfig,
-    ValueStateDescriptor,
 )
 
 ROUNDS = 7
@@ -279,7 +280,7 @@ def test_map_vs_value_value(benchmark, figures):
     pairs = [(records[k1, u1], u1, records[k2, u2], u2) for k1, u1, k2, u2 in _map_pairs(keys, size, SEED + 1)]
 
     def loop(pairs=pairs, sck=backend.set_current_key, value=vs.value, update=vs.update):
-        for r1, u1, r2, u2 in pairs:
+        for r1, _u1, r2, u2 in pairs:
             sck(r1)
             value()
             sck(r2)
@@ -401,7 +402,9 @@ def test_value_state_ttl_wall_clock(benchmark, figures, small, value_ttl_wall, v
 
 @pytest.mark.benchmark(group=VALUE_GROUP)
 def test_value_state_set_key_only(benchmark, figures, small, value_plain):
-    def loop(records=_records(small), sck=value_plain.backend.set_current_key):
+    records = _records(small)
+
+    def loop(records=records, sck=value_plain.backend.set_current_key):
         for k in records:
             sck(k)
 
@@ -410,7 +413,9 @@ def test_value_state_set_key_only(benchmark, figures, small, value_plain):
 
 @pytest.mark.benchmark(group=VALUE_GROUP)
 def test_value_dict_counter(benchmark, figures, small, counter_dict):
-    def loop(records=_records(small), d=counter_dict, get=counter_dict.get):
+    records = _records(small)
+
+    def loop(records=records, d=counter_dict, get=counter_dict.get):
         for k in records:
             d[k] = get(k, 0) + 1
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -47,7 +47,7 @@ def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=False)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tracked() -> tuple[str, ...]:
     """Tracked files (plus README.md and docs/*.md, so new docs are checked before they are
     added), without .ci/ and generated .c files."""
@@ -70,7 +70,7 @@ def _text(path: str) -> str | None:
     return data.decode("utf-8", errors="replace")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _offenders() -> dict[str, list[str]]:
     """``path -> ["line: what it names: the line", ...]`` for every forbidden reference."""
     found: dict[str, list[str]] = {}
@@ -104,7 +104,7 @@ def github_slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _anchors(path: str) -> frozenset[str]:
     """The heading anchors of a markdown file (GitHub numbers repeated ones -1, -2, ...)."""
     seen: dict[str, int] = {}

@@ -1,4 +1,5 @@
-"""The package imports, exports its public API (docs/architecture.md#conventions), and the README examples run."""
+"""The package imports, exports its public API (docs/architecture.md#conventions), and the README examples run:
+every python block of README.md and docs/*.md."""
 
 import copy
 import re
@@ -17,10 +18,22 @@ def test_public_api_is_exported():
         assert getattr(cowmap, name) is getattr(__import__("cowmap.state").state, name)
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The README example each test below runs: the first python block that mentions the marker.
+CORE_EXAMPLE = "CopyOnWriteStateMap"
+KEYED_STATE_EXAMPLE = "KeyedStateBackend(max_parallelism"
+ASYNC_EXAMPLE = "AsyncExecutionController"
+
+
+def python_blocks(path: Path) -> list[str]:
+    """The ```python blocks of a markdown file, in order."""
+    return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
+
+
 def run_readme_example(marker: str, namespace: dict | None = None) -> dict:
     """Execute the README's first python block that mentions ``marker``; its namespace."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    blocks = [b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if marker in b]
+    blocks = [b for b in python_blocks(ROOT / "README.md") if marker in b]
     assert blocks, f"README has no python example using {marker}"
     namespace = {} if namespace is None else namespace
     exec(compile(blocks[0], "README.md", "exec"), namespace)
@@ -28,7 +41,7 @@ def run_readme_example(marker: str, namespace: dict | None = None) -> dict:
 
 
 def test_readme_python_example_runs(capsys):
-    m = run_readme_example("CopyOnWriteStateMap", {"copy": copy})["m"]
+    m = run_readme_example(CORE_EXAMPLE, {"copy": copy})["m"]
     assert m.get("user-1", "window-0") == [1, 2, 3]
     assert not m.contains_key("session", "ns")
     assert len(m) == 2 + 1_000_000
@@ -36,13 +49,22 @@ def test_readme_python_example_runs(capsys):
 
 
 def test_readme_keyed_state_example_runs(capsys):
-    namespace = run_readme_example("KeyedStateBackend(max_parallelism")
+    namespace = run_readme_example(KEYED_STATE_EXAMPLE)
     assert capsys.readouterr().out.splitlines() == ["2 ['/a', '/c']", "0 False []"]
     assert namespace["restored"].num_entries() == 4  # 2 users x (count, seen): snapshot taken before expiry
     assert namespace["snap"].released
 
 
 def test_readme_async_example_runs(capsys):
-    namespace = run_readme_example("AsyncExecutionController")
+    namespace = run_readme_example(ASYNC_EXAMPLE)
     assert capsys.readouterr().out.splitlines() == ["2"]
     assert namespace["aec"].in_flight_records == 0
+
+
+def test_every_python_example_in_the_docs_is_run():
+    """Each python block of README.md is the one some test above runs, and docs/*.md has none
+    (an example added there needs a test here that runs it and checks what it shows)."""
+    blocks = python_blocks(ROOT / "README.md")
+    run = [next(b for b in blocks if marker in b) for marker in (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE)]
+    assert [b for b in blocks if b not in run] == []
+    assert {doc.name: n for doc in (ROOT / "docs").glob("*.md") if (n := len(python_blocks(doc)))} == {}

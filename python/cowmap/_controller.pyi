@@ -1,15 +1,19 @@
 """Type stub for src/cowmap/_controller.pyx: the AsyncExecutionController."""
 
 import enum
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from cowmap._future import RecordContext, StateFuture
+from typing_extensions import disjoint_base
+
+from cowmap._future import ControllerBase, RecordContext, StateFuture
 
 class EpochMode(enum.Enum):
     SERIAL_BETWEEN_EPOCH = 0
     PARALLEL_BETWEEN_EPOCH = 1
 
-class AsyncExecutionController:
+@disjoint_base
+class AsyncExecutionController(ControllerBase):
     """Key-ordered, batched execution of async state requests (see cowmap.asyncstate)."""
 
     backend: Any

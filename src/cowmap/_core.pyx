@@ -226,13 +226,17 @@ cdef class CopyOnWriteStateMap:
     is fine).
 
     >>> m = CopyOnWriteStateMap()
-    >>> m.put("user-1", "window-0", 3)
+    >>> m.put("user-1", "window-0", 3)  # True: the key was not mapped before
+    True
     >>> m.get("user-1", "window-0")
     3
     >>> with m.snapshot() as s:
     ...     m.put("user-1", "window-0", 4)
     ...     sorted(s)
+    False
     [('user-1', 'window-0', 3)]
+    >>> m.get("user-1", "window-0")
+    4
     """
     cdef cm_map m
     cdef object _copier

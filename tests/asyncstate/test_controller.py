@@ -276,9 +276,9 @@ def test_vectorised_value_batches_equal_the_sync_path_with_ttl(on_read: bool, ba
         ss.update(v + 1)
 
         def fn(_: Any, key: int = key) -> None:
-            def write(v: int) -> Any:
-                async_seen.append((key, v))
-                return asv.async_update(v + 1)
+            def write(got: int) -> Any:
+                async_seen.append((key, got))
+                return asv.async_update(got + 1)
 
             asv.async_value().then_compose(write)
 
@@ -374,9 +374,9 @@ def test_vectorised_map_batches_equal_the_sync_path(ttl: bool, batch_size: int) 
         sm.put(uk, (v or 0) + 1)
 
         def fn(_: Any, key: int = key, uk: int = uk) -> None:
-            def write(v: Any) -> Any:
-                seen_async[key].append(v)
-                return am.async_put(uk, (v or 0) + 1)
+            def write(got: Any) -> Any:
+                seen_async[key].append(got)
+                return am.async_put(uk, (got or 0) + 1)
 
             am.async_get(uk).then_compose(write)
 
@@ -447,9 +447,10 @@ def test_reused_request_and_future_objects_keep_their_results() -> None:
     by the user must keep their results while later records reuse the memory."""
     backend, count, aec = make(batch_size=50)
     kept: list[Any] = []
-    for rnd in range(5):
+    for _rnd in range(5):
         for i in range(200):
-            aec.process(i, lambda _: kept.append(count.async_value().then_compose(lambda n: count.async_update(n + 1).then_apply(lambda _: n))))
+            aec.process(i, lambda _: kept.append(
+                count.async_value().then_compose(lambda n: count.async_update(n + 1).then_apply(lambda _: n))))
         aec.drain()
     assert all(f.is_done() for f in kept)
     assert [f.get() for f in kept] == [r for r in range(5) for _ in range(200)]
@@ -527,8 +528,8 @@ def test_reference_counts_of_values_and_functions_stay_flat() -> None:
 
 
 def test_batch_helpers_and_run_group_reject_bad_requests() -> None:
-    from cowmap.asyncstate import StateFuture
     from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
+    from cowmap.asyncstate import StateFuture
 
     backend, count, aec = make(batch_size=100)
     reqs: list[Any] = []

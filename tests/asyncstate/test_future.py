@@ -83,7 +83,8 @@ def test_conditional_variants(value: int) -> None:
         value * 10 if even else None,
     )
     seen: list[str] = []
-    assert f.then_conditionally_accept(lambda x: x % 2 == 0, lambda x: seen.append("t"), lambda x: seen.append("f")).get() is even
+    accepted = f.then_conditionally_accept(lambda x: x % 2 == 0, lambda x: seen.append("t"), lambda x: seen.append("f"))
+    assert accepted.get() is even
     assert seen == ["t" if even else "f"]
     got = f.then_conditionally_compose(lambda x: x % 2 == 0, lambda x: done("T"), lambda x: done("F")).get()
     assert got == (even, "T" if even else "F")

@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
+from cowmap._core import multi_get, multi_put, multi_replace
 from cowmap._future import StateFuture, StateFutureUtils, gc_hiding
 from cowmap._requests import async_value
-from cowmap._core import multi_get, multi_put, multi_replace
 from cowmap.asyncstate import AsyncExecutionController
 from cowmap.state import KeyedStateBackend, State, ValueStateDescriptor
-
 
 #: whether in-flight objects are hidden from the GC in this process (the default;
 #: tests/asyncstate also runs with the hiding off, see test_gc_hiding_switch.py)

@@ -7,7 +7,8 @@ Imported by the test modules of this directory as ``core_helpers`` (pytest's def
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from hypothesis import strategies as st
 

@@ -8,14 +8,15 @@ before it is read: wrong types are ``TypeError``, bad values ``ValueError``, mis
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
 
-from cowmap import CopyOnWriteStateMap, StateIncrementalVisitor
-from cowmap import _core, _future
+from cowmap import CopyOnWriteStateMap, StateIncrementalVisitor, _core, _future
 from cowmap._core import FlatStateMap
+
 from core_helpers import CollidingKey
 
 # --------------------------------------------------------------------------- typed arguments
@@ -98,7 +99,7 @@ def test_ttl_must_be_positive_at_every_entry_point(kind: type, ttl: int) -> None
     calls = _ttl_calls(m)
     if ttl == 0:
         del calls["multi_get"], calls["multi_get-missing-map"]  # there 0 means: no TTL
-    for name, call in calls.items():
+    for call in calls.values():
         with pytest.raises(ValueError, match=rf"ttl must be > 0 \(milliseconds\), got {ttl}$"):
             call(ttl)
     assert m.get_with_timestamp(1, 0) == ("v", 5) if kind is CopyOnWriteStateMap else m.timestamp(1, 0) == 5
@@ -108,7 +109,7 @@ def test_ttl_must_be_positive_at_every_entry_point(kind: type, ttl: int) -> None
 @pytest.mark.parametrize("kind", MAP_KINDS, ids=lambda k: k.__name__)
 def test_ttl_of_wrong_type_is_a_type_error(kind: type) -> None:
     m = kind()
-    for name, call in _ttl_calls(m).items():
+    for call in _ttl_calls(m).values():
         for bad in (1.5, "5", None):
             with pytest.raises(TypeError, match="ttl"):
                 call(bad)
@@ -143,7 +144,7 @@ class _Hook(CollidingKey):
             _Hook.armed = None  # once, and not from the action itself
             try:
                 a[2].append(("returned", a[1]()))
-            except BaseException as e:  # the test looks at it
+            except BaseException as e:  # noqa: BLE001 - the test looks at it
                 a[2].append(("raised", e))
 
     def __hash__(self) -> int:
@@ -338,7 +339,7 @@ def test_a_call_from_a_second_thread_while_the_map_is_in_use_says_two_threads(ki
         try:
             _OTHER_THREAD_CALLS[name](m)
             seen.append(None)
-        except BaseException as e:  # the main thread looks at it
+        except BaseException as e:  # noqa: BLE001 - the main thread looks at it
             seen.append(e)
         finally:
             done.set()
@@ -414,7 +415,7 @@ def test_multi_map_calls_refuse_key_groups_that_are_not_ints(call: str, bad: Any
 @pytest.mark.parametrize("bad", [1, "map", object(), (), StateIncrementalVisitor])
 def test_multi_map_calls_refuse_maps_entries_that_are_not_maps(call: str, bad: Any) -> None:
     maps = _filled_maps(FlatStateMap) + [bad]
-    with pytest.raises(TypeError, match=rf"maps\[3\] must be a CopyOnWriteStateMap, a FlatStateMap or None, not "):
+    with pytest.raises(TypeError, match=r"maps\[3\] must be a CopyOnWriteStateMap, a FlatStateMap or None, not "):
         MULTI[call](maps, [0, 3], [0, 1], [0, 0], ["a", "b"])
 
 

@@ -20,6 +20,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 from cowmap import NO_TIMESTAMP
 from cowmap._core import EXPIRED, FlatStateMap
+
 from core_helpers import CountingCopier, ListStates, PlainStates, as_dict
 from test_map_statemachine import INT64_MAX, INT64_MIN, KEYS, NAMESPACES, NOWS, OPT_TS, TTLS, SnapRecord, is_expired
 

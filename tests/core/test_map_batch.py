@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap
+
 from core_helpers import CountingCopier, fill_until_rehashing, map_contents
 
 EDGE_INTS = [
@@ -259,7 +260,7 @@ def test_random_batches_match_single_ops() -> None:
     rng = random.Random(5)
     a = CopyOnWriteStateMap(capacity=4)  # batch ops
     b = CopyOnWriteStateMap(capacity=4)  # single ops
-    for rnd in range(300):
+    for _rnd in range(300):
         ns = rng.choice([0, "x"])
         n = rng.randrange(0, 40)
         ints = [rng.randrange(-50, 50) for _ in range(n)]

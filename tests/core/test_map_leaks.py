@@ -78,9 +78,9 @@ def exercise(keys, nss, states, values, copier, fn) -> None:
     # visitor
     v = m.incremental_visitor(2)
     while (entries := v.next_entries()) is not None:
-        for k, ns, st in entries[:1]:
+        for k, ns, _st in entries[:1]:
             v.update(k, ns, states[2])
-        for k, ns, st in entries[1:2]:
+        for k, ns, _st in entries[1:2]:
             v.remove(k, ns)
     del v, entries
     # sweeps

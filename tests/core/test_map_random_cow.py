@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cowmap import CopyOnWriteStateMap
+
 from core_helpers import map_contents, snapshot_contents
 
 pytestmark = pytest.mark.slow

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
+
 from core_helpers import ListStates, PlainStates, as_dict
 
 INT64_MIN = -(2**63)

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from cowmap import CopyOnWriteStateMap
+
 from core_helpers import as_dict
 
 
@@ -61,11 +62,11 @@ def test_snapshot_read_in_other_thread_while_owner_writes(fast_switching) -> Non
         results: list = []
         errors: list = []
 
-        def reader():
+        def reader(s=s, results=results, errors=errors):
             try:
                 for _ in range(3):
                     results.append((len(s), as_dict(s.iter_with_timestamps())))
-            except BaseException as e:  # reported by the main thread
+            except BaseException as e:  # noqa: BLE001 - reported by the main thread
                 errors.append(e)
 
         t = threading.Thread(target=reader)
@@ -90,7 +91,7 @@ def test_several_readers_several_snapshots(fast_switching) -> None:
     m.put_many(list(range(-20_000, 0)), 1, [[k] for k in range(-20_000, 0)])
     next_key = [0]
     snaps = []
-    for gen in range(4):
+    for _gen in range(4):
         for _ in range(1500):
             writer_step(m, rng, next_key)
         snaps.append((m.snapshot(), deep_contents(m)))
@@ -102,7 +103,7 @@ def test_several_readers_several_snapshots(fast_switching) -> None:
                 assert as_dict(snap.iter_with_timestamps()) == expected
                 assert len(snap) == len(expected)
             outcome[idx] = True
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - the main thread looks at it
             outcome[idx] = e
 
     threads = [threading.Thread(target=reader, args=(i, s, e)) for i, (s, e) in enumerate(snaps)]

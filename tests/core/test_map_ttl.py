@@ -14,6 +14,7 @@ import pytest
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap
 from cowmap._core import EXPIRED, wall_clock_ms
+
 from core_helpers import map_contents, snapshot_contents_ts
 
 INT64_MIN = -(2**63)
@@ -278,18 +279,16 @@ def test_partial_sweeps_while_rehashing() -> None:
     rng = random.Random(3)
     m = CopyOnWriteStateMap(capacity=16)
     live, dead = set(), set()
-    k = 0
     saw_rehash = False
-    for rnd in range(4000):
+    for k in range(4000):
         ts = rng.choice([0, NO_TIMESTAMP, 500])
         m.put(k, 1, k, ts)
         (dead if ts == 0 else live).add(k)
-        k += 1
         saw_rehash |= m.is_rehashing
         before = len(m)
         r = m.sweep_expired(100, 50, 3)
         assert r == before - len(m)
-        if rnd % 50 == 0:
+        if k % 50 == 0:
             present = {key for key, _ in map_contents(m)}
             assert live <= present, "an unexpired entry was swept"
             assert present <= live | dead

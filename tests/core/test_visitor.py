@@ -13,6 +13,7 @@ import random
 import pytest
 
 from cowmap import CopyOnWriteStateMap
+
 from core_helpers import CollidingKey, fill_until_rehashing, finish_rehash, map_contents, snapshot_contents
 
 
@@ -155,7 +156,7 @@ def test_visitor_update_and_remove_are_copy_on_write() -> None:
     with m.snapshot() as s:
         v = m.incremental_visitor(4)
         while (batch := v.next_entries()) is not None:
-            for k, ns, st in batch:
+            for k, ns, _st in batch:
                 if k % 3 == 0:
                     v.remove(k, ns)
                 else:
@@ -197,7 +198,7 @@ def test_at_least_once_across_rehash(seed: int) -> None:
     seen_keys = {(k, ns) for k, ns, _ in seen}
     missing = stable - seen_keys
     assert not missing, f"entries present for the whole visit were not returned: {sorted(missing)[:5]}"
-    for k, ns, st in seen:
+    for _, ns, st in seen:
         if ns == 0:
             assert st == "stable"
 

@@ -1298,7 +1298,8 @@ class Mismatch:
             f"  {self.other_name:6}: {self.other}",
         ]
         if self.expected is not None:
-            lines.append(f"  model : {self.expected.canonical}" + (f"  ({self.expected.note})" if self.expected.note else ""))
+            note = f"  ({self.expected.note})" if self.expected.note else ""
+            lines.append(f"  model : {self.expected.canonical}{note}")
         lines.append(f"ops {lo}..{self.index} (of {len(t.ops)}):")
         for i in range(lo, min(self.index + 1, len(t.ops))):
             lines.append(f"  {i:4d}  {op_text(t.ops[i])}")
@@ -1386,8 +1387,7 @@ def minimize(trace: Trace, still_fails: Callable[[list[Trace]], list[bool]], max
     """Greedy one-op-at-a-time shrinking; ``still_fails`` judges a batch of candidates at once
     (one JVM per batch). Also tries dropping whole chunks first."""
     ops = list(trace.ops)
-    n = 0
-    for _ in range(max_rounds):
+    for n in range(max_rounds):
         cands: list[list[Op]] = []
         for size in (16, 8, 4, 2):
             for i in range(0, len(ops), size):
@@ -1395,7 +1395,6 @@ def minimize(trace: Trace, still_fails: Callable[[list[Trace]], list[bool]], max
                     cands.append(ops[:i] + ops[i + size :])
         cands += [ops[:i] + ops[i + 1 :] for i in range(len(ops))]
         batch = [trace.with_ops(c, f"m{n}_{j}") for j, c in enumerate(cands)]
-        n += 1
         verdicts = still_fails(batch)
         for cand, bad in zip(cands, verdicts):
             if bad:
@@ -1478,7 +1477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"relaxed-accepted {total.relaxed_accepted} both-error {total.both_errors} "
             f"mismatched traces {total.mismatched_traces}"
         )
-        for label, mm in sorted(firsts.items()):
+        for _label, mm in sorted(firsts.items()):
             print("\n" + mm.describe())
             if args.minimize and args.against == "cowmap":
                 small = minimize(mm.trace, lambda batch: _still_fails(batch, jar, classes))

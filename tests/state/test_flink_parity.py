@@ -66,7 +66,9 @@ def _template_id(tpl) -> str:
     kind, ttl, upd, vis, mode = tpl
     if ttl is None:
         return f"{kind}-no_ttl"
-    return f"{kind}-{'read' if upd == 'OnReadAndWrite' else 'write'}-{'return_expired' if vis.startswith('Return') else 'never_expired'}-{mode}"
+    update = "read" if upd == "OnReadAndWrite" else "write"
+    visibility = "return_expired" if vis.startswith("Return") else "never_expired"
+    return f"{kind}-{update}-{visibility}-{mode}"
 
 
 class FlinkRunner:
@@ -151,7 +153,11 @@ def test_directed_trace_matches_flinks_recorded_outputs(trace) -> None:
     """Flink 2.3.0 quirks and corner cases, one per trace; no Flink needed."""
     _cowmap_state()
     got = ft.replay_cowmap(trace)
-    bad = {i: (trace.expected.get(i), got.get(i)) for i in set(trace.expected) | set(got) if trace.expected.get(i) != got.get(i)}
+    bad = {
+        i: (trace.expected.get(i), got.get(i))
+        for i in set(trace.expected) | set(got)
+        if trace.expected.get(i) != got.get(i)
+    }
     if bad:
         lines = [f"{trace.id}: {trace.doc}", f"  {trace.config.header_fields()}"]
         for i, op in enumerate(trace.ops):

@@ -173,7 +173,9 @@ def read_ttl(s: dict[str, Any]) -> dict[str, Any]:
 
 def build_old(parallelism: int, clock: list[int]) -> list[KeyedStateBackend]:
     backends = [
-        KeyedStateBackend(MAX_PAR, key_group_range_for_operator(MAX_PAR, parallelism, j), time_provider=lambda: clock[0])
+        KeyedStateBackend(
+            MAX_PAR, key_group_range_for_operator(MAX_PAR, parallelism, j), time_provider=lambda: clock[0]
+        )
         for j in range(parallelism)
     ]
     states = [register(b) for b in backends]
@@ -183,11 +185,15 @@ def build_old(parallelism: int, clock: list[int]) -> list[KeyedStateBackend]:
     return backends
 
 
-def rescale(old: list[KeyedStateBackend], parallelism: int, clock: list[int], reverse: bool = False) -> list[KeyedStateBackend]:
+def rescale(
+    old: list[KeyedStateBackend], parallelism: int, clock: list[int], reverse: bool = False
+) -> list[KeyedStateBackend]:
     snaps = [b.snapshot() for b in old]
     new = []
     for j in range(parallelism):
-        b = KeyedStateBackend(MAX_PAR, key_group_range_for_operator(MAX_PAR, parallelism, j), time_provider=lambda: clock[0])
+        b = KeyedStateBackend(
+            MAX_PAR, key_group_range_for_operator(MAX_PAR, parallelism, j), time_provider=lambda: clock[0]
+        )
         for snap in reversed(snaps) if reverse else snaps:
             b.restore(snap)
         new.append(b)

@@ -11,8 +11,9 @@ handing it out; here the descriptor's ``copier`` does).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -136,7 +137,9 @@ ALL_METHODS = [(kind, name, fn) for kind, methods in METHODS.items() for name, f
 
 @pytest.mark.parametrize("with_ttl", [False, True], ids=["plain", "ttl"])
 @pytest.mark.parametrize(("kind", "method", "call"), ALL_METHODS, ids=[f"{k}.{m}" for k, m, _ in ALL_METHODS])
-def test_no_current_key_raises_runtime_error(kind: str, method: str, call: Callable[[Any], Any], with_ttl: bool) -> None:
+def test_no_current_key_raises_runtime_error(
+    kind: str, method: str, call: Callable[[Any], Any], with_ttl: bool
+) -> None:
     backend = KeyedStateBackend(time_provider=lambda: 0)
     desc = make_descriptor(kind)
     if with_ttl:
@@ -484,7 +487,8 @@ def test_ttl_config_builder_methods() -> None:
         .return_expired_if_not_cleaned_up()
         .build()
     )
-    assert (cfg2.update_type, cfg2.state_visibility) == (UpdateType.OnReadAndWrite, StateVisibility.ReturnExpiredIfNotCleanedUp)
+    assert cfg2.update_type == UpdateType.OnReadAndWrite
+    assert cfg2.state_visibility == StateVisibility.ReturnExpiredIfNotCleanedUp
     cfg3 = (
         StateTtlConfig.new_builder(timedelta(seconds=1))
         .update_ttl_on_read_and_write()
@@ -494,7 +498,8 @@ def test_ttl_config_builder_methods() -> None:
         .disable_cleanup_in_background()
         .build()
     )
-    assert (cfg3.update_type, cfg3.state_visibility) == (UpdateType.OnCreateAndWrite, StateVisibility.NeverReturnExpired)
+    assert cfg3.update_type == UpdateType.OnCreateAndWrite
+    assert cfg3.state_visibility == StateVisibility.NeverReturnExpired
     assert not cfg3.cleanup_in_background
     assert TtlTimeCharacteristic.ProcessingTime is StateTtlConfig.TtlTimeCharacteristic.ProcessingTime
 
@@ -669,9 +674,8 @@ def test_snapshot_release_is_idempotent_and_use_after_release_raises() -> None:
         snap.key_groups("v")
     with pytest.raises(RuntimeError):
         KeyedStateBackend().restore(snap)
-    with pytest.raises(RuntimeError):
-        with snap:
-            pass
+    with pytest.raises(RuntimeError), snap:
+        pass
     v.update(2)  # the backend goes on
     assert v.value() == 2
 
@@ -905,7 +909,7 @@ class _BackendSubclass(KeyedStateBackend):
 def test_set_current_key_on_backend_subclasses(cls: type[KeyedStateBackend]) -> None:
     backends = [cls(), KeyedStateBackend(), _BackendSubclass()]  # interleaved types
     states = [b.get_state(ValueStateDescriptor("v", default_value=0)) for b in backends]
-    for rnd in range(3):
+    for _rnd in range(3):
         for k in range(20):
             for b, s in zip(backends, states):
                 b.set_current_key(k)

@@ -8,9 +8,10 @@ whose reduce or merge function raises leaves the state as it was.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -342,9 +343,8 @@ def test_merge_with_a_copier_raising_changes_nothing(kind: str) -> None:
     for ns, v in (("a", 1), ("a", 2), ("b", 3), ("t", 9)):
         _add(state, kind, ns, v)
     before = _contents(state, ["a", "b", "t"])
-    with backend.snapshot():
-        with pytest.raises(Boom):
-            state.merge_namespaces("t", ["a", "b"])
+    with backend.snapshot(), pytest.raises(Boom):
+        state.merge_namespaces("t", ["a", "b"])
     assert _contents(state, ["a", "b", "t"]) == before  # read once nothing is shared
 
 

@@ -68,7 +68,12 @@ def test_restored_state_shares_no_objects_with_its_source(kind: str) -> None:
 
     sa = view(a)
     a.set_current_key("k")
-    {"value": lambda: sa.update({"n": 1}), "list": lambda: sa.add({"n": 1}), "map": lambda: sa.put("u", {"n": 1})}[kind]()
+    write = {
+        "value": lambda: sa.update({"n": 1}),
+        "list": lambda: sa.add({"n": 1}),
+        "map": lambda: sa.put("u", {"n": 1}),
+    }
+    write[kind]()
     with a.snapshot() as snap:
         b.restore(snap)
         sb = view(b)

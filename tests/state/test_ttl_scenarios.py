@@ -22,8 +22,9 @@ is dropped (``TtlReduceFunction``, ``TtlAggregateFunction``).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -53,7 +54,9 @@ def conf(ttl: Any = timedelta(milliseconds=TTL)) -> StateTtlConfig.Builder:
     return StateTtlConfig.new_builder(ttl)
 
 
-def exact_conf(update: UpdateType, visibility: StateVisibility, ttl: Any = timedelta(milliseconds=TTL)) -> StateTtlConfig:
+def exact_conf(
+    update: UpdateType, visibility: StateVisibility, ttl: Any = timedelta(milliseconds=TTL)
+) -> StateTtlConfig:
     """Flink's ``initTest(updateType, visibility, ttl)``: background cleanup off."""
     return conf(ttl).set_update_type(update).set_state_visibility(visibility).disable_cleanup_in_background().build()
 
@@ -254,7 +257,15 @@ class AggregatingCtx(ReducingCtx):
         return str(super().merge_result(unexpired, final) + 3 * len(namespaces))
 
 
-ALL = [ValueCtx(), ListCtx(), MapAllEntriesCtx(), MapPerElementCtx(), MapPerNullElementCtx(), ReducingCtx(), AggregatingCtx()]
+ALL = [
+    ValueCtx(),
+    ListCtx(),
+    MapAllEntriesCtx(),
+    MapPerElementCtx(),
+    MapPerNullElementCtx(),
+    ReducingCtx(),
+    AggregatingCtx(),
+]
 MERGING = [c for c in ALL if c.merging]
 
 all_kinds = pytest.mark.parametrize("ctx", ALL, ids=repr)
@@ -426,10 +437,7 @@ def test_expiration_timestamp_overflow(ctx: Ctx, start: int, cleanup: bool) -> N
     """``ts + ttl`` beyond Long.MAX_VALUE saturates: such a value does not expire
     (``TtlUtils.getExpirationTimestamp``), also not in the C sweep."""
     builder = conf(timedelta.max)
-    if cleanup:
-        builder = builder.cleanup_incrementally(5, True)
-    else:
-        builder = builder.disable_cleanup_in_background()
+    builder = builder.cleanup_incrementally(5, True) if cleanup else builder.disable_cleanup_in_background()
     h = Harness(ctx, builder.build())
     h.time = start
     h.update(ctx.update_empty)
@@ -949,7 +957,9 @@ def test_map_is_empty_ignores_timestamps(visibility: StateVisibility) -> None:
 
 
 def test_map_relaxed_returns_expired_entries_once() -> None:
-    h = Harness(MapAllEntriesCtx(), exact_conf(UpdateType.OnCreateAndWrite, StateVisibility.ReturnExpiredIfNotCleanedUp))
+    h = Harness(
+        MapAllEntriesCtx(), exact_conf(UpdateType.OnCreateAndWrite, StateVisibility.ReturnExpiredIfNotCleanedUp)
+    )
     s = h.state
     h.time = 0
     s.put("a", 1)
@@ -968,7 +978,9 @@ def test_map_relaxed_returns_expired_entries_once() -> None:
 def test_map_contains_is_true_once_for_expired_uncleaned_entry() -> None:
     """``TtlMapState.contains`` is ``getWrapped(key) != null``: under
     ReturnExpiredIfNotCleanedUp an expired, uncleaned entry counts once."""
-    h = Harness(MapPerElementCtx(), exact_conf(UpdateType.OnCreateAndWrite, StateVisibility.ReturnExpiredIfNotCleanedUp))
+    h = Harness(
+        MapPerElementCtx(), exact_conf(UpdateType.OnCreateAndWrite, StateVisibility.ReturnExpiredIfNotCleanedUp)
+    )
     h.state.put(1, "v")
     h.time = TTL
     assert h.state.contains(1)

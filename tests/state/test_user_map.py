@@ -118,7 +118,12 @@ class UserMapMachine(RuleBasedStateMachine):
     @rule(key=KEYS, ns=NAMESPACES, refresh=st.booleans(), return_expired=st.booleans())
     def walk_with_ttl(self, key: Any, ns: Any, refresh: bool, return_expired: bool) -> None:
         reads = []
-        got = self.um.walk(key, ns, make_ctx(key, ns), lambda: reads.append(1) or self.now, TTL, refresh, return_expired)
+
+        def now() -> int:  # a time provider that counts its reads
+            reads.append(1)
+            return self.now
+
+        got = self.um.walk(key, ns, make_ctx(key, ns), now, TTL, refresh, return_expired)
         entries = self.model.get((key, ns), {})
         want = []
         for u, (v, ts) in list(entries.items()):
@@ -260,7 +265,7 @@ def test_a_full_sweep_takes_any_subset_of_a_list_at_once() -> None:
     neighbours, all of them), another list's entries interleaved with it stay."""
     for expiring in range(1 << N):
         case = f"expiring {expiring:0{N}b}"
-        um = _filled(["a", "b"], lambda k, u: 0 if k == "a" and expiring >> u & 1 else 50)
+        um = _filled(["a", "b"], lambda k, u, expiring=expiring: 0 if k == "a" and expiring >> u & 1 else 50)
         assert um.sweep(TTL, TTL, None) == bin(expiring).count("1"), case
         um._check()
         kept = [u for u in range(N) if not expiring >> u & 1]

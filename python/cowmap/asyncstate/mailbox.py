@@ -17,7 +17,7 @@ import itertools
 import math
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["Mailbox"]
 

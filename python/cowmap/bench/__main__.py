@@ -13,6 +13,7 @@ import argparse
 import platform
 import sys
 import time
+from collections.abc import Callable
 
 SCENARIOS = ("ttl", "core", "snapshot")
 
@@ -27,7 +28,7 @@ def _int_list(text: str) -> tuple[int, ...]:
     return vals
 
 
-def _names(allowed: tuple[str, ...]):
+def _names(allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
     def parse(text: str) -> tuple[str, ...]:
         vals = tuple(x.strip() for x in text.split(",") if x.strip())
         bad = [v for v in vals if v not in allowed]
@@ -130,7 +131,7 @@ def _main_ttl(parser: argparse.ArgumentParser, args: argparse.Namespace, repeats
     print(f"cowmap ttl benchmark: {st.total:,} entries per state ({st.groups:,} groups x "
           f"{st.users_per_group:,} users), entries/key {', '.join(f'{e:,}' for e, _, _ in points)}; "
           f"{len(points) * per_point} configs; {st.records:,} records per round "
-          f"({'Zipf s=%g' % st.zipf if st.zipf else 'uniform'}, seed {st.seed}), "
+          f"({f'Zipf s={st.zipf:g}' if st.zipf else 'uniform'}, seed {st.seed}), "
           f"{st.warmup} warm-up + {st.repeats} timed rounds")
     avail = available_memory()
     if avail and st.total * 400 > 0.6 * avail:
@@ -149,7 +150,8 @@ def _main_ttl(parser: argparse.ArgumentParser, args: argparse.Namespace, repeats
             print(flink_msg, file=sys.stderr)
     units = sum(units_per_batch(st, len(b)) for b in plan_batches(st, st.total)) * len(points)
     if flink_paths:
-        units += sum(units_per_batch(st, len(b)) for b in plan_batches(st, st.total, flink.JVM_BYTES_PER_ENTRY)) * len(points)
+        jvm_batches = plan_batches(st, st.total, flink.JVM_BYTES_PER_ENTRY)
+        units += sum(units_per_batch(st, len(b)) for b in jvm_batches) * len(points)
     bar = Progress(units, enabled=not args.no_progress)
     t0 = time.monotonic()
     rows, errors = run_cowmap(st, on_progress=bar.update)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -61,10 +61,13 @@ def run_core(n: int = 1_000_000, repeats: int = 5, seed: int = 42) -> list[tuple
     def cow_get_many() -> None:
         m.get_many(probe_np, ns)
 
+    def timed(op: Callable[[], None]) -> float:
+        return _median_ns_per_op(op, n, repeats)
+
     rows = [
-        ("get hit (ns/op)", _median_ns_per_op(cow_get, n, repeats), _median_ns_per_op(dict_tuple_get, n, repeats), "dict[(key, ns)]"),
-        ("get hit (ns/op)", _median_ns_per_op(cow_get, n, repeats), _median_ns_per_op(dict_key_get, n, repeats), "dict[key]"),
-        ("put hit (ns/op)", _median_ns_per_op(cow_put, n, repeats), _median_ns_per_op(dict_tuple_put, n, repeats), "dict[(key, ns)]"),
+        ("get hit (ns/op)", timed(cow_get), timed(dict_tuple_get), "dict[(key, ns)]"),
+        ("get hit (ns/op)", timed(cow_get), timed(dict_key_get), "dict[key]"),
+        ("put hit (ns/op)", timed(cow_put), timed(dict_tuple_put), "dict[(key, ns)]"),
     ]
     try:
         import pandas as pd

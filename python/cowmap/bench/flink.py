@@ -17,8 +17,8 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from cowmap.bench.workload import Settings, available_memory, cache_dir, make_records, plan_batches
 

@@ -88,8 +88,8 @@ def matrix_table(rows: list[dict]) -> list[str]:
     for (system, label, ttl), by_e in lines.items():
         cells = []
         for e in es:
-            r = by_e.get(e)
-            cells.append("-" if r is None else _fmt_int(r["ns_median"]) + ("" if r["state_ok"] else "!"))
+            row = by_e.get(e)
+            cells.append("-" if row is None else _fmt_int(row["ns_median"]) + ("" if row["state_ok"] else "!"))
         body.append([f"{system} {label}", ttl] + cells)
     return _table(header, body, set(range(2, 2 + len(es))))
 
@@ -105,8 +105,8 @@ def _find(rows: list[dict], system: str, layout: str, ttl: str, e: int) -> dict 
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    """The state-layout benchmark's targets (README, 'Choosing a state layout'; default cleanup, same run), each with its figures and verdict
-    (``met`` is None when the run did not measure what it needs)."""
+    """The state-layout benchmark's targets (README, 'Choosing a state layout'; default cleanup, same run), each
+    with its figures and verdict (``met`` is None when the run did not measure what it needs)."""
     es = sorted({r["entries_per_key"] for r in rows if r["system"] == "cowmap"})
     out = []
 
@@ -115,7 +115,8 @@ def targets(rows: list[dict]) -> list[dict]:
                     "met": met, "note": note})
 
     # 1. cowmap MapState: largest vs 1 entry/key
-    lo, hi = _find(rows, "cowmap", "map", "default", 1), (_find(rows, "cowmap", "map", "default", max(es)) if es else None)
+    lo = _find(rows, "cowmap", "map", "default", 1)
+    hi = _find(rows, "cowmap", "map", "default", max(es)) if es else None
     if lo and hi and hi is not lo:
         ratio = hi["ns_median"] / lo["ns_median"]
         add(f"cowmap MapState ns/record at {max(es):,} vs 1 entry/key", "<= 2x", {max(es): ratio}, ratio <= 2,
@@ -129,10 +130,12 @@ def targets(rows: list[dict]) -> list[dict]:
         if m and v:
             r2[e] = m["ns_median"] / v["ns_median"]
     add("cowmap MapState vs ValueState, same records (every point)", "<= 1.5x", r2,
-        (max(r2.values()) <= 1.5) if r2 else None, f"worst {max(round(v, 2) for v in r2.values()):.2f}x" if r2 else "not measured")
+        (max(r2.values()) <= 1.5) if r2 else None,
+        f"worst {max(round(v, 2) for v in r2.values()):.2f}x" if r2 else "not measured")
     # 3. Flink MapState at 1,000/key vs cowmap MapState
     e3 = 1000 if 1000 in es else None
-    f3, c3 = (_find(rows, "flink", "map", "default", e3), _find(rows, "cowmap", "map", "default", e3)) if e3 else (None, None)
+    f3, c3 = (None, None) if e3 is None else (_find(rows, "flink", "map", "default", e3),
+                                               _find(rows, "cowmap", "map", "default", e3))
     if f3 and c3:
         ratio = f3["ns_median"] / c3["ns_median"]
         add("Flink heap MapState / cowmap MapState at 1,000 entries/key (cowmap faster by)", ">= 50x", {1000: ratio},
@@ -148,7 +151,8 @@ def targets(rows: list[dict]) -> list[dict]:
             r4[e] = c["ns_median"] / f["ns_median"]
     add("cowmap ValueState / Flink heap ValueState (every point)", "<= 3x", r4,
         (max(r4.values()) <= 3) if r4 else None,
-        (f"worst {max(round(v, 2) for v in r4.values()):.2f}x, median {statistics.median(r4.values()):.2f}x" if r4 else "needs --with-flink"))
+        (f"worst {max(round(v, 2) for v in r4.values()):.2f}x, median {statistics.median(r4.values()):.2f}x"
+         if r4 else "needs --with-flink"))
     return out
 
 
@@ -188,7 +192,8 @@ def plot(rows: list[dict], path: str | Path, title: str = "") -> str | None:
         for r in sorted(rows, key=lambda r: r["entries_per_key"]):
             if r["ttl"] == mode and r["ns_median"]:
                 series.setdefault((r["system"], r["layout"]), []).append(r)
-        for (system, layout), rs in sorted(series.items(), key=lambda kv: (SYSTEM_ORDER.get(kv[0][0], 9), kv[0][1] != "value")):
+        by_system = sorted(series.items(), key=lambda kv: (SYSTEM_ORDER.get(kv[0][0], 9), kv[0][1] != "value"))
+        for (system, layout), rs in by_system:
             color, marker, ls = styles.get((system, layout), (None, "^", ":"))
             x = [r["entries_per_key"] for r in rs]
             y = [r["ns_median"] for r in rs]

@@ -16,16 +16,18 @@ import pickle
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 
-from cowmap.state import KeyedStateBackend, StateTtlConfig, ValueStateDescriptor
+from cowmap.state import KeyedStateBackend, KeyedStateSnapshot, StateTtlConfig, ValueStateDescriptor
 
 CHUNK = 1000
 
 
-def _write(snap, out: io.BytesIO) -> int:
+def _write(snap: KeyedStateSnapshot, out: io.BytesIO) -> int:
     chunk, n = [], 0
     for rec in snap.entries("v"):
         chunk.append(rec[0::2])  # (key, value)
@@ -37,10 +39,10 @@ def _write(snap, out: io.BytesIO) -> int:
     return n + len(chunk)
 
 
-def run_snapshot(sizes: list[int], seed: int = 42, progress=None) -> list[dict]:
+def run_snapshot(sizes: list[int], seed: int = 42, progress: Callable[[str], Any] | None = None) -> list[dict]:
     rows = []
+    clock = [0]  # stands still: with a TTL of an hour nothing expires, but every access checks
     for n in sizes:
-        clock = [0]
         backend = KeyedStateBackend(time_provider=lambda: clock[0])
         desc = ValueStateDescriptor("v", default_value=0)
         desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(hours=1)).build())
@@ -51,7 +53,13 @@ def run_snapshot(sizes: list[int], seed: int = 42, progress=None) -> list[dict]:
             update(0)
         keys = np.random.default_rng([seed, n]).integers(0, n, size=200_000).tolist()
 
-        def updates(stop=None, keys=keys, sck=sck, value=value, update=update) -> tuple[int, float]:
+        def updates(
+            stop: threading.Event | None = None,
+            keys: list[int] = keys,
+            sck: Callable[[Any], None] = sck,
+            value: Callable[[], Any] = value,
+            update: Callable[[Any], None] = update,
+        ) -> tuple[int, float]:
             done, t0 = 0, time.perf_counter_ns()
             for k in keys:
                 sck(k)
@@ -71,9 +79,9 @@ def run_snapshot(sizes: list[int], seed: int = 42, progress=None) -> list[dict]:
             s.release()
         with backend.snapshot() as s:
             out = io.BytesIO()
-            t0 = time.perf_counter()
+            start = time.perf_counter()
             _write(s, out)
-            write_alone = time.perf_counter() - t0
+            write_alone = time.perf_counter() - start
         size_mb = out.tell() / 2**20
         with backend.snapshot():
             _, cow_ns = updates()
@@ -81,7 +89,7 @@ def run_snapshot(sizes: list[int], seed: int = 42, progress=None) -> list[dict]:
             done_evt = threading.Event()
             res: dict = {}
 
-            def writer() -> None:
+            def writer(s: KeyedStateSnapshot = s, res: dict = res, done_evt: threading.Event = done_evt) -> None:
                 t0 = time.perf_counter()
                 res["n"] = _write(s, io.BytesIO())
                 res["s"] = time.perf_counter() - t0
@@ -111,5 +119,6 @@ def print_snapshot(rows: list[dict]) -> None:
           f"{'update ns/rec':>14} {'snapshot live':>14} {'ratio':>6}")
     for r in rows:
         ratio = r["update_ns_snapshot_live"] / r["update_ns_plain"]
-        print(f"{r['entries']:>11,} {r['snapshot_start_us']:>11,.1f} {r['write_s']:>10.3f} {r['write_concurrent_s']:>21.3f} "
-              f"{r['written_mib']:>8.1f} {r['update_ns_plain']:>14,.0f} {r['update_ns_snapshot_live']:>14,.0f} {ratio:>6.2f}")
+        print(f"{r['entries']:>11,} {r['snapshot_start_us']:>11,.1f} {r['write_s']:>10.3f} "
+              f"{r['write_concurrent_s']:>21.3f} {r['written_mib']:>8.1f} {r['update_ns_plain']:>14,.0f} "
+              f"{r['update_ns_snapshot_live']:>14,.0f} {ratio:>6.2f}")

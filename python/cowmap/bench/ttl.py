@@ -27,8 +27,9 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 from cowmap.bench.workload import Settings, make_records, plan_batches, units_per_batch
 from cowmap.state import KeyedStateBackend, MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
@@ -248,9 +249,10 @@ def run_batch(st: Settings, point: tuple[int, int, int], records: list[tuple[int
     gc.collect()
 
 
-def _child(conn: Any, *args: Any) -> None:
+def _child(conn: Any, st: Settings, point: tuple[int, int, int], records: list[tuple[int, int, int]],
+           configs: list[tuple[str, str]], classes: dict[str, type[Layout]]) -> None:
     try:
-        run_batch(*args, emit=conn.send)
+        run_batch(st, point, records, configs, classes, emit=conn.send)
         conn.send(("done",))
     except BaseException:  # noqa: BLE001 - reported to the parent, which carries on
         conn.send(("error", traceback.format_exc()))
