@@ -18,7 +18,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPILED = ("cowmap._core", "cowmap._keygroups", "cowmap._future", "cowmap._controller", "cowmap._requests")
+COMPILED = (
+    "cowmap._core",
+    "cowmap._keygroups",
+    "cowmap._context",
+    "cowmap._future",
+    "cowmap._controller",
+    "cowmap._requests",
+)
 
 
 def run_tool(*args: str, cache: Path, cwd: Path = ROOT) -> None:

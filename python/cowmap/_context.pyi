@@ -1,7 +1,11 @@
 """Type stub for src/cowmap/_context.pyx: a backend's key context and the state views' base."""
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, final
 
+from typing_extensions import disjoint_base
+
+@final
 class KeyContext:
     """The current key of a backend and what goes with it (read-only from Python)."""
 
@@ -25,6 +29,7 @@ class KeyContext:
     def set_current_key(self, key: Any) -> None: ...
     def now(self) -> int: ...
 
+@disjoint_base
 class StateView:
     """The compiled base of the state views."""
 

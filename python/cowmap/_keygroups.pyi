@@ -1,6 +1,7 @@
 """Type stub for the compiled key-hash module (src/cowmap/_keygroups.pyx)."""
 
-from typing import Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -9,5 +10,5 @@ def key_hash(key: Any) -> int: ...
 def murmur_hash(code: int) -> int: ...
 def key_group_for(key: Any, max_parallelism: int) -> int: ...
 def key_groups_for(
-    keys: Union[Sequence[Any], npt.NDArray[np.integer]], max_parallelism: int
+    keys: Sequence[Any] | npt.NDArray[np.integer], max_parallelism: int
 ) -> npt.NDArray[np.int32]: ...

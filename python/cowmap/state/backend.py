@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import inspect
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from cowmap._core import wall_clock_ms
 from cowmap._context import KeyContext
+from cowmap._core import wall_clock_ms
 from cowmap.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -109,7 +110,7 @@ class KeyedStateBackend:
 
     def now(self) -> int:
         """The time provider's current time, in milliseconds."""
-        return self._kc.now()  # type: ignore[no-any-return]
+        return self._kc.now()
 
     # ------------------------------------------------------------ registration
 

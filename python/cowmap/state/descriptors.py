@@ -11,7 +11,8 @@ else with ``copy.deepcopy``).
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from cowmap.state.ttl import StateTtlConfig
 

@@ -9,8 +9,8 @@ by moving whole key groups. ``key_hash`` follows Java's ``hashCode`` rules (see
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from cowmap._keygroups import key_group_for, key_groups_for, key_hash, murmur_hash
 

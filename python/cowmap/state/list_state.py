@@ -10,7 +10,8 @@ elements of a partly live list (they stay visible under
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from cowmap._core import StateMapSnapshot
 from cowmap.state.async_methods import AsyncListMethods

@@ -10,10 +10,11 @@ and only a new or expired user key costs a call into the user map.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
+from cowmap._core import EXPIRED, NO_TIMESTAMP, FlatStateMap, multi_get, multi_replace
 from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
-from cowmap._core import EXPIRED, NO_TIMESTAMP, FlatMapSnapshot, FlatStateMap, multi_get, multi_replace
 from cowmap.state.async_methods import AsyncMapMethods
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
 from cowmap.state.user_map import NONE_VALUE, NS_MARKER, KeyGroupUserMap, make_ctx
@@ -52,13 +53,13 @@ class MapTable(StateTable):
         m = self.maps[kg]
         if m is None:
             u = self.users[kg] = KeyGroupUserMap(self._copier)
-            m = self.maps[kg] = u.values  # type: ignore[assignment]
+            m = self.maps[kg] = u.values
             self.live.append(kg)
-        return m  # type: ignore[return-value]
+        return m
 
     def num_entries(self) -> int:
         """The number of (key, namespace) with a user entry. O(key groups)."""
-        return sum(self.users[kg].num_keys() for kg in self.live)  # type: ignore[union-attr]
+        return sum(u.num_keys() for kg in self.live if (u := self.users[kg]) is not None)
 
     def keys(self, namespace: Any) -> list[Any]:
         return [key for kg in self.live for key in self.users[kg].keys(namespace)]  # type: ignore[union-attr]
@@ -66,7 +67,7 @@ class MapTable(StateTable):
     def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
         return self.users[kg].sweep(now, self.ttl, max_entries)  # type: ignore[union-attr]
 
-    def export(self, snap: FlatMapSnapshot, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:
+    def export(self, snap: Any, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:  # a FlatMapSnapshot
         """``(key, namespace, user_key, value, ts)`` per user entry, each key's
         entries in insertion order (see ``KeyGroupUserMap.export``)."""
         return KeyGroupUserMap.export(snap, now, ttl)
@@ -156,7 +157,7 @@ class MapState(AsyncMapMethods, State):
             v = e.get_unexpired(ukey, ctx, kc.clock, t.ttl, t.update_on_read)
             if v is EXPIRED:
                 v = e.remove_and_get_old(ukey, ctx)
-                t.users[kg].unlink(ctx, ukey)
+                t.users[kg].unlink(ctx, ukey)  # type: ignore[union-attr]
                 if not t.return_expired:
                     return _ABSENT
         if v is None:
@@ -192,7 +193,7 @@ class MapState(AsyncMapMethods, State):
                 t.run_cleanup()
         # one lookup, the clock read inside it; a new user key still needs linking
         if e.put(key, ctx, NONE_VALUE if value is None else value, kc.clock if t.ttl else NO_TIMESTAMP):
-            t.users[kg].link(ctx, key)
+            t.users[kg].link(ctx, key)  # type: ignore[union-attr]
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         """``put`` of each ``(user_key, value)``, with one timestamp. O(len(entries))."""
@@ -268,10 +269,10 @@ class MapState(AsyncMapMethods, State):
         else:
             out = multi_get(t.maps, kgs, ukeys, ctxs, self._kc.clock, t.ttl, t.update_on_read)
             for i in positions(out, EXPIRED):
-                v = t.maps[kgs[i]].remove_and_get_old(ukeys[i], ctxs[i])  # type: ignore[union-attr]
-                t.users[kgs[i]].unlink(ctxs[i], ukeys[i])
+                v = t.maps[kgs[i]].remove_and_get_old(ukeys[i], ctxs[i])
+                t.users[kgs[i]].unlink(ctxs[i], ukeys[i])  # type: ignore[union-attr]
                 out[i] = v if t.return_expired else None
-        return replace_all(out, NONE_VALUE, None)  # type: ignore[no-any-return]
+        return replace_all(out, NONE_VALUE, None)
 
     def _batch_put(self, reqs: list[Any]) -> list[Any] | None:
         ukeys = request_args(reqs, 0)
@@ -286,7 +287,7 @@ class MapState(AsyncMapMethods, State):
         done = multi_replace(t.maps, kgs, ukeys, ctxs, replace_all(values.copy(), None, NONE_VALUE), ts)
         users = t.users
         for i in positions(done, False):  # new user keys: insert and link them
-            users[kgs[i]].insert(ctxs[i], ukeys[i], values[i], ts)
+            users[kgs[i]].insert(ctxs[i], ukeys[i], values[i], ts)  # type: ignore[union-attr]
         return [None] * len(reqs)
 
     __getitem__ = get

@@ -8,7 +8,8 @@ accumulator is dropped, not merged, unless the visibility is
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from cowmap._core import EXPIRED, CopyOnWriteStateMap
 from cowmap.state.async_methods import AsyncMergingMethods
@@ -95,7 +96,7 @@ class _MergingState(AsyncMergingMethods, State):
         """
         srcs = self._merge_sources(target, sources)  # RuntimeError without a current key
         t = self._t
-        m = t.maps[self._kc.key_group]  # type: ignore[index]
+        m = t.maps[self._kc.key_group]
         if m is None or not srcs:
             return
         if t.merging:
@@ -138,10 +139,7 @@ class _MergingState(AsyncMergingMethods, State):
             v = m.get(key, src)
             if v is None:
                 continue
-            if merged is _ABSENT:
-                merged = v
-            else:
-                merged = fn(copy(merged) if id(merged) in stored else merged, v)
+            merged = v if merged is _ABSENT else fn(copy(merged) if id(merged) in stored else merged, v)
             stored.add(id(v))
         if merged is _ABSENT:
             return _ABSENT
@@ -182,7 +180,7 @@ class _MergingState(AsyncMergingMethods, State):
         for src in srcs:
             r = get(src)
             if r is not None:
-                merged = r if merged is None else merge(merged, r)  # type: ignore[assignment]
+                merged = r if merged is None else merge(merged, r)
         if merged is None:
             return _ABSENT
         old = None if target in srcs else get(target)
@@ -205,11 +203,11 @@ class ReducingState(_MergingState):
         m = self._map(True)
         assert m is not None
         prev = self._usable(m, self._ns)
-        reduce: Callable[[Any, Any], Any] = self._t.descriptor.reduce_function  # type: ignore[attr-defined]
+        reduce: Callable[[Any, Any], Any] = self._t.descriptor.reduce_function
         self._write(m, self._ns, value if prev is _ABSENT else reduce(prev, value))
 
     def _merge_function(self) -> Callable[[Any, Any], Any]:
-        return self._t.descriptor.reduce_function  # type: ignore[attr-defined,no-any-return]
+        return self._t.descriptor.reduce_function
 
     def _merge_ttl(
         self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]
@@ -232,19 +230,19 @@ class AggregatingState(_MergingState):
         acc = self._read(self._map(False), self._ns)
         if acc is _ABSENT:
             return None
-        return self._t.descriptor.aggregate_function.get_result(acc)  # type: ignore[attr-defined]
+        return self._t.descriptor.aggregate_function.get_result(acc)
 
     def add(self, value: Any) -> None:
         m = self._map(True)
         assert m is not None
-        fn = self._t.descriptor.aggregate_function  # type: ignore[attr-defined]
+        fn = self._t.descriptor.aggregate_function
         acc = self._usable(m, self._ns)
         if acc is _ABSENT:
             acc = fn.create_accumulator()
         self._write(m, self._ns, fn.add(value, acc))
 
     def _merge_function(self) -> Callable[[Any, Any], Any]:
-        return self._t.descriptor.aggregate_function.merge  # type: ignore[attr-defined,no-any-return]
+        return self._t.descriptor.aggregate_function.merge
 
     def _merge_ttl(
         self, a: Any, b: Any, now: int, combine: Callable[[Any, Any], Any]

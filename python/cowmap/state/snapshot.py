@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any
 
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.keygroups import KeyGroupRange

@@ -7,7 +7,8 @@ view's current namespace, and do their work on the map of that key group.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from cowmap._context import StateView
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
@@ -60,7 +61,9 @@ class StateTable:
     def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor) -> None:
         self.backend = backend
         self.name = descriptor.name
-        self.maps: list[CopyOnWriteStateMap | None] = [None] * backend.max_parallelism
+        # one map per key group, None until written: CopyOnWriteStateMap, or FlatStateMap for
+        # MapState (the async batch calls take either kind in one list)
+        self.maps: list[Any] = [None] * backend.max_parallelism
         self.live: list[int] = []  # key groups with a map, in creation order (cleanup rotation)
         self._cursor = 0
         self.ticks = 1  # accesses until the next cleanup sweep
@@ -122,10 +125,10 @@ class StateTable:
         return {kg: m.snapshot() for kg, m in enumerate(self.maps) if m is not None}
 
     def num_entries(self) -> int:
-        return sum(len(self.maps[kg]) for kg in self.live)  # type: ignore[arg-type]
+        return sum(len(self.maps[kg]) for kg in self.live)
 
     def keys(self, namespace: Any) -> list[Any]:
-        return [key for kg in self.live for key, ns, _ in self.maps[kg] if ns == namespace]  # type: ignore[union-attr]
+        return [key for kg in self.live for key, ns, _ in self.maps[kg] if ns == namespace]
 
     # ------------------------------------------------------------ TTL
 
@@ -190,7 +193,7 @@ class StateTable:
         for _ in range(n):  # the next map with entries (empty ones would waste the step)
             if i >= n:
                 i = 0
-            if len(maps[live[i]]):  # type: ignore[arg-type]
+            if len(maps[live[i]]):
                 break
             i += 1
         else:
@@ -211,7 +214,7 @@ class StateTable:
     def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
         """Remove expired entries of key group ``kg`` (whole states expire together
         by default); returns how many were removed."""
-        return self.maps[kg].sweep_expired(now, self.ttl, max_entries)  # type: ignore[union-attr]
+        return self.maps[kg].sweep_expired(now, self.ttl, max_entries)
 
     # ------------------------------------------------------------ snapshots
 
@@ -254,7 +257,7 @@ class State(StateView):
     def _current_map(self) -> CopyOnWriteStateMap | None:
         """The current key group's map (None until it has one); RuntimeError without a key."""
         try:
-            return self._t.maps[self._kc.key_group]  # type: ignore[index]
+            return self._t.maps[self._kc.key_group]
         except TypeError:  # no current key: key_group is None
             raise self._no_key() from None
 
@@ -265,7 +268,7 @@ class State(StateView):
         if t.cleanup_size:
             t.cleanup_step()
         if m is None and write:
-            m = t.map_for_write(self._kc.key_group)  # type: ignore[arg-type]
+            m = t.map_for_write(self._kc.key_group)
         return m
 
     def clear(self) -> None:
@@ -290,9 +293,10 @@ class State(StateView):
             hash(target)
         except TypeError:
             raise TypeError(f"target namespace must be hashable, got {type(target).__name__} {target!r}") from None
-        if type(sources) is not list and type(sources) is not tuple:
-            if isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__"):
-                raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}")
+        if (type(sources) is not list and type(sources) is not tuple) and (
+            isinstance(sources, (str, bytes)) or not hasattr(sources, "__iter__")
+        ):
+            raise TypeError(f"sources must be an iterable of namespaces, not {type(sources).__name__}")
         out: dict[Any, None] = {}
         for ns in sources:
             if ns is None:

@@ -83,6 +83,11 @@ def _cleanup_size(size: object) -> int:
     return min(size, MAX_CLEANUP_SIZE)
 
 
+# the enums under names the class body does not shadow (it re-exports them as attributes)
+_UpdateType = UpdateType
+_StateVisibility = StateVisibility
+
+
 @dataclass(frozen=True)
 class StateTtlConfig:
     """Time-to-live settings for one state (see ``StateDescriptor.enable_time_to_live``).
@@ -153,10 +158,10 @@ class StateTtlConfig:
     def get_ttl(self) -> timedelta:
         return self.ttl
 
-    def get_update_type(self) -> UpdateType:
+    def get_update_type(self) -> _UpdateType:
         return self.update_type
 
-    def get_state_visibility(self) -> StateVisibility:
+    def get_state_visibility(self) -> _StateVisibility:
         return self.state_visibility
 
     @property

@@ -41,7 +41,8 @@ Single writer, like the core maps: not safe to change from two threads at once.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from cowmap._core import EXPIRED, CopyOnWriteStateMap, FlatMapSnapshot, FlatStateMap
 from cowmap.state.table import VOID_NAMESPACE

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cowmap._requests import positions, replace_all, request_args, request_columns
 from cowmap._core import EXPIRED, NO_TIMESTAMP, multi_get, multi_put
+from cowmap._requests import positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncValueMethods
 from cowmap.state.table import State, StateTable
 
@@ -94,13 +94,13 @@ class ValueState(AsyncValueMethods, State):
         else:
             out = multi_get(t.maps, kgs, keys, nss, self._kc.clock, t.ttl, t.update_on_read)
             for i in positions(out, EXPIRED):
-                v = t.maps[kgs[i]].remove_and_get_old(keys[i], nss[i])  # type: ignore[union-attr]
+                v = t.maps[kgs[i]].remove_and_get_old(keys[i], nss[i])
                 out[i] = v if t.return_expired else None
         if self._fresh_default:
             for i in positions(out, None):
                 out[i] = self._default_value()
             return out
-        return replace_all(out, None, self._default)  # type: ignore[no-any-return]
+        return replace_all(out, None, self._default)
 
     def _batch_update(self, reqs: list[Any]) -> list[Any] | None:
         values = request_args(reqs, 0)
