@@ -8,8 +8,10 @@
  * software pipelines that overlap the cache misses of many keys
  * (cm_batch_fast_run for puts, cm_batch_read_run for gets and contains). A
  * part of its own because it is tuned for speed rather than written to be read
- * against Flink, under one rule: a batch gives exactly what the single ops of
- * cm_ops.h would give for its keys one after another.
+ * against Flink, under one rule: a batch gives the results, errors and
+ * timestamps the single ops of cm_ops.h would give for its keys one after
+ * another. A build with COWMAP_PLAIN_BATCH set runs every batch the plain way
+ * (cm_batch_plain), to check that rule and to measure the pipelines.
  *
  * Compiled only as part of cowmap_core.h, which includes the parts in order.
  */
@@ -17,6 +19,18 @@
 #define COWMAP_CM_BATCH_H
 
 #include "cm_ops.h"
+
+/* COWMAP_PLAIN_BATCH = 1 (the CMake option COWMAP_PLAIN_BATCH=ON) sends every
+ * batch through the plain path: its keys one after another through the steps
+ * of the single op (cm_batch_plain; cm_remove_probe for remove_many), with no
+ * pipeline and no prefetch, and the multi-map calls of _core.pyx give no
+ * hints. Results, errors, timestamps and rehash steps are the same either
+ * way. The plain build is there to show that (the batch tests run on both
+ * builds, tests/core/test_plain_batch_build.py) and to measure what the
+ * pipelines are worth; _core.PLAIN_BATCH tells which build is loaded. */
+#ifndef COWMAP_PLAIN_BATCH
+#define COWMAP_PLAIN_BATCH 0
+#endif
 
 /* ------------------------------------------- lookahead hints (multi-map) */
 
@@ -232,6 +246,29 @@ static int cm_batch_general(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py
             cm_grave(m, key);
             if (r < 0) return -1;
         }
+    }
+    return 0;
+}
+
+/* Every key of a batch through cm_batch_one, one after another: the general
+ * path without its prefetches, the whole batch when COWMAP_PLAIN_BATCH is set.
+ * The int64 probes are the ones cm_batch_probe makes, without the pipeline. */
+static int cm_batch_plain(cm_map *m, const cm_keys *ks, const cm_batch *bt) {
+    cm_probe p;
+    for (Py_ssize_t i = 0; i < ks->n; i++) {
+        PyObject *key = NULL;
+        if (!ks->ints) {
+            /* hold the key: its own __eq__ may drop it from a live list */
+            if (!(key = cm_seq_item(ks->seq, i, "keys"))) return -1;
+            Py_INCREF(key);
+        }
+        int r = cm_probe_at(ks, i, bt->ns, bt->hn, &p);
+        if (r == 0) {
+            if (key) p.key = key;
+            r = cm_batch_one(m, bt, &p, i);
+        }
+        if (key) cm_grave(m, key);
+        if (r < 0) return -1;
     }
     return 0;
 }
@@ -476,15 +513,19 @@ static int cm_batch_run(cm_map *m, const cm_keys *ks, cm_batch *bt) {
         for (Py_ssize_t i = 0; i < ks->n && m->rehash.capacity; i++)
             if (cm_rehash_step(m) < 0) goto done;
     }
-    for (Py_ssize_t i = 0; i < ks->n;) {
-        if (ks->ints && cm_fast_ok(m, bt->mode)) {
-            Py_ssize_t stop = cm_batch_fast_refs(m, ks, bt, i);
-            if (stop < 0) goto done;
-            i = stop;
-        } else {
-            Py_ssize_t end = !ks->ints ? ks->n : (i + CM_GENERAL_BLOCK < ks->n ? i + CM_GENERAL_BLOCK : ks->n);
-            if (cm_batch_general(m, ks, bt, i, end) < 0) goto done;
-            i = end;
+    if (COWMAP_PLAIN_BATCH) {
+        if (cm_batch_plain(m, ks, bt) < 0) goto done;
+    } else {
+        for (Py_ssize_t i = 0; i < ks->n;) {
+            if (ks->ints && cm_fast_ok(m, bt->mode)) {
+                Py_ssize_t stop = cm_batch_fast_refs(m, ks, bt, i);
+                if (stop < 0) goto done;
+                i = stop;
+            } else {
+                Py_ssize_t end = !ks->ints ? ks->n : (i + CM_GENERAL_BLOCK < ks->n ? i + CM_GENERAL_BLOCK : ks->n);
+                if (cm_batch_general(m, ks, bt, i, end) < 0) goto done;
+                i = end;
+            }
         }
     }
     if (m->nrq) cm_reclaim_some(m, 2 * (size_t)ks->n);
@@ -516,10 +557,12 @@ static Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
     cm_probe p; Py_hash_t hn; Py_ssize_t removed = 0; cm_pf pf;
     if (cm_enter(m) < 0) return -1;
     if (cm_probe_ns(&p, ns, &hn) < 0) { removed = -1; goto done; }
-    if (ks->ints) cm_pf_init(ks, &pf, hn); else pf.hn = hn;
+    if (ks->ints && !COWMAP_PLAIN_BATCH) cm_pf_init(ks, &pf, hn); else pf.hn = hn;
     for (Py_ssize_t i = 0; i < ks->n; i++) {
         int r;
-        if (cm_batch_probe(m, ks, i, ns, &pf, &p, 1) < 0 || (r = cm_remove_probe(m, &p, NULL)) < 0) {
+        int pr = COWMAP_PLAIN_BATCH ? cm_probe_at(ks, i, ns, hn, &p)
+                                    : cm_batch_probe(m, ks, i, ns, &pf, &p, 1);
+        if (pr < 0 || (r = cm_remove_probe(m, &p, NULL)) < 0) {
             removed = -1;
             goto done;
         }
