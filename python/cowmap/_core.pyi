@@ -12,6 +12,9 @@ _Time = int | Callable[[], int]
 
 NO_TIMESTAMP: int
 """Timestamp of entries written without one (2**63 - 1): they never expire."""
+PLAIN_BATCH: bool
+"""True in a build made with the CMake option COWMAP_PLAIN_BATCH=ON, where every batch
+takes the plain path (the keys one after another, no pipeline); same results."""
 EXPIRED: object
 """What ``get_unexpired`` returns for an expired entry."""
 

@@ -19,6 +19,11 @@ from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
 
 NO_TIMESTAMP = CM_NO_TS
 
+# True in a build made with the CMake option COWMAP_PLAIN_BATCH=ON, whose batches
+# (get_many, put_many, ..., multi_get, ...) all take the plain path: the keys one
+# after another, no pipeline, no prefetch hints. Same results either way.
+PLAIN_BATCH = bool(COWMAP_PLAIN_BATCH)
+
 
 class _Expired:
     """The marker ``get_unexpired`` returns for an expired entry."""
@@ -831,10 +836,12 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
     cdef CopyOnWriteStateMap cm
     cdef FlatStateMap fm
     cdef _Hint ring[HINT_RING]
-    _hints_start(ring, maps, kgs, keys, namespaces, n)
+    if not COWMAP_PLAIN_BATCH:  # the plain build gives no hints (cm_batch.h)
+        _hints_start(ring, maps, kgs, keys, namespaces, n)
     try:
         for i in range(n):
-            _hints(ring, maps, kgs, keys, namespaces, i, n)
+            if not COWMAP_PLAIN_BATCH:
+                _hints(ring, maps, kgs, keys, namespaces, i, n)
             # Python code the batch runs (a key's __eq__/__hash__, a key group's
             # __index__, a finalizer) may change the lists: each is read after a
             # check of its length with no such code in between.
@@ -881,7 +888,8 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
             else:
                 _not_a_map(op, m, kg)
     finally:
-        _hints_end(ring)
+        if not COWMAP_PLAIN_BATCH:
+            _hints_end(ring)
     return out
 
 

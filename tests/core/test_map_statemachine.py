@@ -12,6 +12,7 @@ heap backend lets user code do, which snapshots must never see.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -448,7 +449,8 @@ class CopierStateMachine(ListStates, PlainStateMachine):
 
 
 _SETTINGS = settings(
-    max_examples=400,
+    # fewer in the rerun on the plain-batch build (test_plain_batch_build.py), to keep it short
+    max_examples=int(os.environ.get("COWMAP_STATEMACHINE_EXAMPLES", "400")),
     stateful_step_count=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
