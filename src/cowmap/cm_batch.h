@@ -559,10 +559,21 @@ static Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, PyObject *ns) {
     if (cm_probe_ns(&p, ns, &hn) < 0) { removed = -1; goto done; }
     if (ks->ints && !COWMAP_PLAIN_BATCH) cm_pf_init(ks, &pf, hn); else pf.hn = hn;
     for (Py_ssize_t i = 0; i < ks->n; i++) {
-        int r;
-        int pr = COWMAP_PLAIN_BATCH ? cm_probe_at(ks, i, ns, hn, &p)
-                                    : cm_batch_probe(m, ks, i, ns, &pf, &p, 1);
-        if (pr < 0 || (r = cm_remove_probe(m, &p, NULL)) < 0) {
+        int r = -1;
+        PyObject *key = NULL;
+        if (!ks->ints) {
+            /* hold the key: its own __hash__/__eq__ may drop it from a live list */
+            if (!(key = cm_seq_item(ks->seq, i, "keys"))) { removed = -1; goto done; }
+            Py_INCREF(key);
+        }
+        int pr = (COWMAP_PLAIN_BATCH || key) ? cm_probe_at(ks, i, ns, hn, &p)
+                                             : cm_batch_probe(m, ks, i, ns, &pf, &p, 1);
+        if (pr == 0) {
+            if (key) p.key = key;
+            r = cm_remove_probe(m, &p, NULL);
+        }
+        if (key) cm_grave(m, key);
+        if (r < 0) {
             removed = -1;
             goto done;
         }

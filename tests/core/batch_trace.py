@@ -10,7 +10,8 @@ and page counts of ``memory_stats()``, and the multi-map calls over chained and 
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def _as_arg(rng: random.Random, keys: list[Any]) -> Any:
 def _outcome(fn: Callable[[], Any]) -> str:
     try:
         return repr(fn())
-    except Exception as e:  # the error and its message are part of the trace
+    except Exception as e:  # noqa: BLE001  (the error and its message are part of the trace)
         return f"raised {type(e).__name__}: {e}"
 
 

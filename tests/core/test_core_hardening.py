@@ -529,3 +529,31 @@ def test_multi_map_calls_survive_a_key_group_emptying_the_lists(call: str) -> No
     kgs[10] = _IndexShrinking(1, [keys, nss, states])
     with pytest.raises(RuntimeError, match="changed length during the call"):
         MULTI[call](maps, kgs, keys, nss, states)
+
+
+def test_remove_many_holds_each_key_while_its_hash_and_eq_run() -> None:
+    """A key whose __hash__ empties the (live) list of keys is the batch's only reference
+    to it: remove_many must hold it while probing, as the other batch ops do."""
+
+    class K:
+        def __init__(self, lst: list[Any], v: Any) -> None:
+            self.lst, self.v = lst, v
+
+        def __hash__(self) -> int:
+            self.lst.clear()
+            return hash(self.v)
+
+        def __eq__(self, other: object) -> bool:
+            return isinstance(other, K) and other.v == self.v
+
+    m = _core.CopyOnWriteStateMap()
+    kept = []
+    for i in range(50):
+        lst: list[Any] = []
+        key = K(lst, i)
+        kept.append(K([], i))
+        m.put(kept[-1], "ns", i)
+        lst.append(key)
+        del key
+        assert m.remove_many(lst, "ns") == 1
+    assert len(m) == 0

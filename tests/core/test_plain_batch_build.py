@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -51,7 +52,11 @@ BATCH_TEST_FILES = [
 
 #: the extension modules other than _core: COWMAP_PLAIN_BATCH does not touch them, so the
 #: temporary package takes the normal build's
-OTHER_MODULES = ["_keygroups", "_future", "_controller", "_requests"]
+OTHER_MODULES = [
+    m
+    for m in re.search(r"foreach\(mod ([^)]*)\)", (REPO / "CMakeLists.txt").read_text()).group(1).split()  # type: ignore[union-attr]
+    if m != "_core"
+]
 
 #: what the build needs of the repository
 SOURCES = ["pyproject.toml", "CMakeLists.txt", "README.md", "src", "python"]
