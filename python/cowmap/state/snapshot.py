@@ -19,14 +19,28 @@ __all__ = ["KeyedStateSnapshot"]
 @dataclass
 class _StateSnapshot:
     table: StateTable
-    #: a copy of the state's descriptor, with its TTL config at the snapshot
-    descriptor: StateDescriptor
+    #: the state's descriptor object (which the caller may change later: see ``descriptor``)
+    live_descriptor: StateDescriptor
+    #: the TTL config the state had at the snapshot
+    ttl_config: Any
     #: per key group: a core snapshot (StateMapSnapshot, or FlatMapSnapshot for map state)
     maps: dict[int, Any]
     #: the time of the snapshot when expired values are to be left out, else None
     cleanup_now: int | None
     #: the state's TTL (ms, 0 for none) when the snapshot was taken
     ttl: int
+
+    @property
+    def descriptor(self) -> StateDescriptor:
+        """The descriptor as the state used it at the snapshot, TTL config included: a
+        later ``enable_time_to_live`` on the caller's object must not change a restore.
+        Copied only when that happened (taking a snapshot copies nothing)."""
+        d = self.live_descriptor
+        if d.ttl_config is self.ttl_config:
+            return d
+        d = copy.copy(d)
+        d.ttl_config = self.ttl_config
+        return d
 
 
 class KeyedStateSnapshot:
@@ -49,11 +63,9 @@ class KeyedStateSnapshot:
 
     def _add(self, table: StateTable) -> None:
         cleanup_now = self.timestamp if table.ttl and table.cleanup_full_snapshot else None
-        # the descriptor as the state used it, TTL config included: a later
-        # enable_time_to_live on the caller's object must not change a restore
-        descriptor = copy.copy(table.descriptor)
-        descriptor.ttl_config = table.ttl_config
-        self._states[table.name] = _StateSnapshot(table, descriptor, table.snapshot_maps(), cleanup_now, table.ttl)
+        self._states[table.name] = _StateSnapshot(
+            table, table.descriptor, table.ttl_config, table.snapshot_maps(), cleanup_now, table.ttl
+        )
 
     def _check(self) -> None:
         if self._released:
