@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from cowmap import _requests as _async
+from cowmap import _requests
 from cowmap._requests import request as _request
 
 if TYPE_CHECKING:
@@ -32,9 +32,9 @@ def _iterator(items: Any) -> Any:
 class AsyncValueMethods:
     __slots__ = ()
 
-    async_value = _async.async_value
-    async_update = _async.async_update
-    async_clear = _async.async_clear
+    async_value = _requests.async_value
+    async_update = _requests.async_update
+    async_clear = _requests.async_clear
 
 
 class AsyncListMethods:
@@ -44,20 +44,20 @@ class AsyncListMethods:
         """A future of a ``StateIterator`` over the elements."""
         return _request(self, "get").then_apply(_iterator)
 
-    async_add = _async.async_add
-    async_add_all = _async.async_list_add_all
-    async_update = _async.async_list_update
-    async_clear = _async.async_clear
+    async_add = _requests.async_add
+    async_add_all = _requests.async_list_add_all
+    async_update = _requests.async_list_update
+    async_clear = _requests.async_clear
 
 
 class AsyncMapMethods:
     __slots__ = ()
 
-    async_get = _async.async_map_get
-    async_put = _async.async_map_put
-    async_put_all = _async.async_map_put_all
-    async_remove = _async.async_map_remove
-    async_contains = _async.async_map_contains
+    async_get = _requests.async_map_get
+    async_put = _requests.async_map_put
+    async_put_all = _requests.async_map_put_all
+    async_remove = _requests.async_map_remove
+    async_contains = _requests.async_map_contains
 
     def async_entries(self) -> StateFuture[Any]:
         """A future of a ``StateIterator`` over ``(user_key, value)`` pairs."""
@@ -69,13 +69,13 @@ class AsyncMapMethods:
     def async_values(self) -> StateFuture[Any]:
         return _request(self, "values").then_apply(_iterator)
 
-    async_is_empty = _async.async_map_is_empty
-    async_clear = _async.async_clear
+    async_is_empty = _requests.async_map_is_empty
+    async_clear = _requests.async_clear
 
 
 class AsyncMergingMethods:
     __slots__ = ()
 
-    async_get = _async.async_get_value
-    async_add = _async.async_add
-    async_clear = _async.async_clear
+    async_get = _requests.async_get_value
+    async_add = _requests.async_add
+    async_clear = _requests.async_clear
