@@ -13,6 +13,7 @@ The patterns are assembled from pieces so that this file does not match them its
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import shutil
 import subprocess
@@ -47,14 +48,28 @@ def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, check=False)
 
 
+def _ignored(path: str) -> bool:
+    """Whether git ignores ``path``: asked of git in a checkout, else read from .gitignore."""
+    if shutil.which("git") is not None and _git("rev-parse", "--git-dir").returncode == 0:
+        return _git("check-ignore", "-q", path).returncode == 0
+    patterns = [ln.strip() for ln in (ROOT / ".gitignore").read_text().splitlines() if ln.strip()[:1] not in ("", "#")]
+    return any(fnmatch.fnmatch(path, pat.lstrip("/")) or fnmatch.fnmatch(Path(path).name, pat) for pat in patterns)
+
+
 @cache
 def _tracked() -> tuple[str, ...]:
     """Tracked files (plus README.md and docs/*.md, so new docs are checked before they are
     added), without .ci/ and generated .c files."""
-    if shutil.which("git") is None or _git("rev-parse", "--git-dir").returncode != 0:
-        pytest.skip("not a git checkout")
-    out = _git("ls-files", "-z").stdout.decode()
-    paths = {p for p in out.split("\0") if p}
+    if shutil.which("git") is not None and _git("rev-parse", "--git-dir").returncode == 0:
+        out = _git("ls-files", "-z").stdout.decode()
+        paths = {p for p in out.split("\0") if p}
+    else:  # an unpacked source archive: every file but build output and caches
+        skip = {".git", "build", "dist", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
+        paths = {
+            str(p.relative_to(ROOT))
+            for p in ROOT.rglob("*")
+            if p.is_file() and not skip.intersection(p.relative_to(ROOT).parts) and ".egg-info" not in str(p)
+        }
     paths |= {str(p.relative_to(ROOT)) for p in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")] if p.exists()}
     return tuple(sorted(p for p in paths if not p.startswith(".ci/") and not p.endswith(".c")))
 
@@ -134,7 +149,7 @@ def _check_target(source: str, target: str) -> str | None:
         except ValueError:
             return "points outside the repository"
         if (source, path_part) in GENERATED:
-            ignored = _git("check-ignore", "-q", str(rel)).returncode == 0
+            ignored = _ignored(rel.as_posix())
             return None if ignored else "a generated file that git does not ignore: commit it or ignore it"
         if not dest.exists():
             return "no such file"
