@@ -8,7 +8,7 @@ whose reduce or merge function raises leaves the state as it was.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -385,28 +385,27 @@ def test_ttl_given_as_a_timedelta_to_the_constructor_is_stored_in_ms() -> None:
     assert cfg == StateTtlConfig(2000)
 
 
-@pytest.mark.parametrize("ttl", [0, -1, -(2**70), timedelta(0), timedelta(microseconds=999), timedelta(days=-1)])
-def test_ttl_not_positive_raises_value_error_on_every_path(ttl: Any) -> None:
+def _every_ttl_path(ttl: Any) -> list[Callable[[], Any]]:
+    """Every way a TTL reaches a config: constructor, builder, set_ttl, dataclasses.replace."""
     dummy = StateTtlConfig(1000)
-    for make in (
+    return [
         lambda: StateTtlConfig(ttl),
         lambda: StateTtlConfig.new_builder(ttl).build(),
         lambda: StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl(ttl),
         lambda: dataclasses.replace(dummy, ttl_ms=ttl),
-    ):
+    ]
+
+
+@pytest.mark.parametrize("ttl", [0, -1, -(2**70), timedelta(0), timedelta(microseconds=999), timedelta(days=-1)])
+def test_ttl_not_positive_raises_value_error_on_every_path(ttl: Any) -> None:
+    for make in _every_ttl_path(ttl):
         with pytest.raises(ValueError, match="ttl"):
             make()
 
 
 @pytest.mark.parametrize("ttl", [True, False, 1.5, 1000.0, "1s", None, [1000], Decimal(1000)])
 def test_ttl_of_a_wrong_type_raises_type_error_on_every_path(ttl: Any) -> None:
-    dummy = StateTtlConfig(1000)
-    for make in (
-        lambda: StateTtlConfig(ttl),
-        lambda: StateTtlConfig.new_builder(ttl).build(),
-        lambda: StateTtlConfig.new_builder(timedelta(seconds=1)).set_ttl(ttl),
-        lambda: dataclasses.replace(dummy, ttl_ms=ttl),
-    ):
+    for make in _every_ttl_path(ttl):
         with pytest.raises(TypeError, match="ttl"):
             make()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from cowmap._context import StateView
+from cowmap._context import KeyContext, StateView
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.ttl import StateVisibility, UpdateType, expired
@@ -60,6 +60,8 @@ class StateTable:
 
     def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor) -> None:
         self.backend = backend
+        #: the backend's key context (current key, key group, clock), shared with the views
+        self.kc: KeyContext = backend.key_context
         self.name = descriptor.name
         # one map per key group, None until written: CopyOnWriteStateMap, or FlatStateMap for
         # MapState (the async batch calls take either kind in one list)
@@ -133,7 +135,7 @@ class StateTable:
     # ------------------------------------------------------------ TTL
 
     def now(self) -> int:
-        return self.backend.now()
+        return self.kc.now()
 
     def is_expired(self, ts: int, now: int) -> bool:
         return expired(ts, self.ttl, now)
@@ -248,7 +250,7 @@ class State(StateView):
     __slots__ = ("_default",)
 
     def __init__(self, table: StateTable) -> None:
-        super().__init__(table, table.backend._kc, VOID_NAMESPACE)
+        super().__init__(table, table.kc, VOID_NAMESPACE)
 
     @property
     def name(self) -> str:
