@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 1 of 7: the memory layout, and the helpers every other
+ * cowmap core, part 1 of 8: the memory layout, and the helpers every other
  * part uses.
  *
  * The sizes (bucket pages, entry chunks, rehash and reclaim steps), the
@@ -162,6 +162,19 @@ typedef struct {
 } cm_probe;
 
 /* ------------------------------------------------------------------ utils */
+
+/* An id of the calling thread, recorded by every call that makes a map busy so
+ * cm_busy_error can tell a re-entrant call from another thread's: the address
+ * of a thread-local byte, one instruction on ELF platforms (the initial-exec
+ * model needs no call to find it), where PyThread_get_thread_ident costs two
+ * calls per operation (a snapshot of 128 key-group maps: ~1 us). Unique among
+ * live threads, which is all the check needs. */
+#if defined(__GNUC__) && defined(__ELF__)
+static __thread char cm_tls_anchor __attribute__((tls_model("initial-exec")));
+static inline unsigned long cm_thread_id(void) { return (unsigned long)(uintptr_t)&cm_tls_anchor; }
+#else
+static inline unsigned long cm_thread_id(void) { return PyThread_get_thread_ident(); }
+#endif
 
 /* The items of a full vector (*cap of `size` bytes) moved to twice the room,
  * or NULL (the vector as it was) when out of memory. */

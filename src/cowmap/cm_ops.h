@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 3 of 7: the single-key operations, to be read side by
+ * cowmap core, part 3 of 8: the single-key operations, to be read side by
  * side with Flink's CopyOnWriteStateMap.
  *
  * Probes (a key and namespace hashed, cm_match), the busy flag (cm_enter and
@@ -123,7 +123,7 @@ static void cm_reclaim_some(cm_map *m, size_t budget);
  * __hash__, a copier, ...): the call came from that code, or from another
  * thread the GIL switched to meanwhile. The maps of both kinds say which. */
 static int cm_busy_error(const char *map, const char *callbacks, unsigned long owner) {
-    if (owner != PyThread_get_thread_ident())
+    if (owner != cm_thread_id())
         PyErr_Format(PyExc_RuntimeError,
                      "%s used from two threads at once: a map has a single writer, and only "
                      "its snapshots may be used from another thread", map);
@@ -139,7 +139,7 @@ static inline int cm_enter(cm_map *m) {
         return cm_busy_error("CopyOnWriteStateMap",
                              "a key's __eq__/__hash__, a copier or a transform function", m->owner);
     m->busy = 1;
-    m->owner = PyThread_get_thread_ident();
+    m->owner = cm_thread_id();
     return 0;
 }
 

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 5 of 7: snapshots (Flink's stateSnapshot and
+ * cowmap core, part 5 of 8: snapshots (Flink's stateSnapshot and
  * releaseSnapshot).
  *
  * Taking one (cm_snapshot copies the page-pointer arrays and moves the map
@@ -189,7 +189,7 @@ static void cm_release(cm_map *m, cm_snap *s) {
         return;
     }
     m->busy = 1;
-    m->owner = PyThread_get_thread_ident();
+    m->owner = cm_thread_id();
     cm_release_now(m, s->version);
     cm_reclaim_some(m, CM_RECLAIM_EAGER);
     cm_leave(m);

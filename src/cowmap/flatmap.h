@@ -262,7 +262,7 @@ static int fm_enter(fm_map *m) {
     if (CM_UNLIKELY(m->busy))
         return cm_busy_error("FlatStateMap", "a key's __eq__/__hash__ or a copier", m->owner);
     m->busy = 1;
-    m->owner = PyThread_get_thread_ident();
+    m->owner = cm_thread_id();
     return 0;
 }
 
@@ -717,7 +717,7 @@ static void fm_release(fm_map *m, fm_snap *snap) {
     int was_busy = m->busy;
     if (!was_busy) {
         m->busy = 1;
-        m->owner = PyThread_get_thread_ident();
+        m->owner = cm_thread_id();
     }
     for (uint32_t j = 0; j < snap->nsegs; j++) {
         fm_seg *s = snap->segs[j];
