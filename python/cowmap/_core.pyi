@@ -198,3 +198,35 @@ def multi_replace(
     states: list[Any],
     ts: _Time = ...,
 ) -> list[bool]: ...
+
+COL_LIST: int
+COL_INT64: int
+COL_FLOAT64: int
+
+_KeyCol = npt.NDArray[np.int64] | tuple[Any, ...]
+
+def column_get(
+    maps: list[Any],
+    kgs: npt.NDArray[np.int32],
+    keys: _KeyCol,
+    namespace: Any,
+    now: int = 0,
+    ttl: int = 0,
+    refresh: bool = False,
+    default: Any = None,
+    return_expired: bool = False,
+    out_type: int = 0,
+) -> tuple[Any, npt.NDArray[np.uint8]]: ...
+def column_put(
+    maps: list[Any],
+    kgs: npt.NDArray[np.int32],
+    keys: _KeyCol,
+    namespace: Any,
+    states: tuple[Any, ...] | npt.NDArray[np.int64] | npt.NDArray[np.float64],
+    ts: int = ...,
+) -> None: ...
+def column_remove(maps: list[Any], kgs: npt.NDArray[np.int32], keys: _KeyCol, namespace: Any) -> None: ...
+def column_contains(
+    maps: list[Any], kgs: npt.NDArray[np.int32], keys: _KeyCol, namespace: Any
+) -> npt.NDArray[np.bool_]: ...
+def column_missing(maps: list[Any], kgs: npt.NDArray[np.int32]) -> list[int]: ...

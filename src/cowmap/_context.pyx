@@ -65,6 +65,18 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
         the backend's key-group range."""
         self.switch(key, self.key_group_of(key))
 
+    def enter_row(self, key, key_group):
+        """Make ``key`` current as a record of its own starts (the tables that
+        clean up on every record take a step), ``key_group`` being its key group
+        as the caller computed and checked it. For the columnar calls' row
+        loops; everything else goes through :meth:`set_current_key`."""
+        self.switch(key, key_group)
+
+    def restore_key(self, key, key_group):
+        """Make ``key`` (of ``key_group``) current again after a row loop: no
+        record starts, so nothing is cleaned up."""
+        self.restore(key, key_group)
+
     def now(self):
         """The clock's time in milliseconds (``TypeError`` if it returns no int)."""
         now = self.clock()

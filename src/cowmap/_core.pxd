@@ -2,7 +2,7 @@
 """C declarations of the core map (cowmap_core.h)."""
 
 from cpython.object cimport PyObject
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 
 
 cdef extern from "cowmap_core.h":
@@ -89,6 +89,27 @@ cdef extern from "cowmap_core.h":
     int cm_visit_next(cm_map *m, cm_cursor *c, uint32_t max_empty, cm_vpos *out)
     object cm_chain_list(const cm_map *m, const cm_vpos *vp)
     size_t cm_bytes(const cm_map *m)
+
+    int CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS
+    ctypedef struct cm_col:
+        int op
+        Py_ssize_t n
+        const int64_t *ikeys
+        PyObject **okeys
+        const int32_t *kgs
+        cm_map **maps
+        Py_ssize_t nmaps
+        PyObject *ns
+        int64_t now
+        int64_t ttl
+        int refresh
+        PyObject **out
+        uint8_t *status
+        PyObject *const *states
+        const int64_t *istates
+        const double *fstates
+        int64_t ts
+    int cm_col_run(cm_col *c) except -1
     uint32_t cm_nfree(const cm_map *m)
 
 

@@ -2,7 +2,7 @@
 """Stable key hashes and Flink's key-group assignment, compiled (see keyhash.h).
 The current key of a backend, which uses them, is in _context.pyx."""
 
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t
 
 
 cdef extern from "keyhash.h":
@@ -77,3 +77,58 @@ def key_groups_for(keys, long max_parallelism):
 cdef long key_group_of(object key, long max_parallelism) except -1:
     """``_key_group`` for the key context (_context.pyx)."""
     return _key_group(key, max_parallelism)
+
+
+def column_key_groups(keys, long max_parallelism, long lo, long hi):
+    """The key group of every key of a column (an int64 array or a tuple), as an
+    int32 array, each checked to be within ``lo..hi`` (a backend's range).
+
+    ``TypeError`` naming the row for a key with no stable hash (None, unhashable),
+    ``ValueError`` naming the row and key for a key group outside the range.
+    O(len(keys)); int64 arrays in a C loop.
+    """
+    cdef Py_ssize_t i, n
+    cdef const int64_t[::1] arr
+    cdef int32_t[::1] out
+    cdef int32_t h = 0
+    cdef long kg
+    cdef uint32_t mask
+    import numpy as np
+    _check_max_parallelism(max_parallelism)
+    pow2 = max_parallelism & (max_parallelism - 1) == 0
+    mask = <uint32_t>(max_parallelism - 1)
+    if type(keys) is tuple:
+        n = len(<tuple>keys)
+        result = np.empty(n, dtype=np.int32)
+        out = result
+        for i in range(n):
+            key = (<tuple>keys)[i]
+            try:
+                kh_hash(key, &h, 0)
+            except TypeError as e:
+                raise TypeError(f"keys[{i}]: {e}") from None
+            kg = kh_murmur(h) % max_parallelism
+            if kg < lo or kg > hi:
+                raise _outside(i, key, kg, lo, hi)
+            out[i] = <int32_t>kg
+        return result
+    arr = keys
+    n = arr.shape[0]
+    result = np.empty(n, dtype=np.int32)
+    out = result
+    if pow2:  # kh_murmur is non-negative: % is a mask, without a division per key
+        for i in range(n):
+            out[i] = <int32_t>(<uint32_t>kh_murmur(kh_int64(arr[i])) & mask)
+    else:
+        for i in range(n):
+            out[i] = <int32_t>(kh_murmur(kh_int64(arr[i])) % max_parallelism)
+    if lo > 0 or hi < max_parallelism - 1:
+        for i in range(n):
+            if out[i] < lo or out[i] > hi:
+                raise _outside(i, arr[i], out[i], lo, hi)
+    return result
+
+
+cdef object _outside(Py_ssize_t i, object key, long kg, long lo, long hi):
+    return ValueError(f"keys[{i}] = {key!r} is in key group {kg}, outside this backend's range "
+                      f"KeyGroupRange({lo}, {hi}); nothing was written")

@@ -46,6 +46,8 @@
  *   cm_ttl.h        live-map iteration, the incremental visitor, TTL sweeps
  *                   and TTL reads
  *   cm_lifecycle.h  init, dealloc, memory accounting
+ *   cm_columns.h    columns: rows spread over a state's key-group maps, in
+ *                   one pass (the columnar state calls)
  */
 #ifndef COWMAP_CORE_H
 #define COWMAP_CORE_H
@@ -57,5 +59,6 @@
 #include "cm_snapshot.h"
 #include "cm_ttl.h"
 #include "cm_lifecycle.h"
+#include "cm_columns.h"
 
 #endif /* COWMAP_CORE_H */

@@ -124,7 +124,10 @@ class ReducingStateDescriptor(StateDescriptor):
         self, name: str, reduce_function: Callable[[Any, Any], Any], copier: Callable[[Any], Any] | None = None
     ) -> None:
         super().__init__(name, copier)
-        reduce = getattr(reduce_function, "reduce", reduce_function)  # PyFlink's ReduceFunction too
+        # PyFlink's ReduceFunction (an object with a reduce method) too; but a
+        # callable is called as it is: numpy's ufuncs have a reduce method of
+        # another meaning (np.add.reduce(array, axis))
+        reduce = reduce_function if callable(reduce_function) else getattr(reduce_function, "reduce", None)
         if not callable(reduce):
             raise TypeError(f"reduce_function must be callable, not {type(reduce_function).__name__}")
         self.reduce_function = reduce

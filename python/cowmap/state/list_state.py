@@ -15,6 +15,7 @@ from typing import Any
 
 from cowmap._core import StateMapSnapshot
 from cowmap.state.async_methods import AsyncListMethods
+from cowmap.state.columns import value_list
 from cowmap.state.table import State, StateTable
 from cowmap.state.ttl import expired
 
@@ -113,6 +114,27 @@ class ListState(AsyncListMethods, State):
         else:
             now = self._kc.now()
             m.put(key, ns, [x for v in vals for x in (v, now)], now)
+
+    # -- columnar twins: a column of keys instead of set_current_key per record
+
+    def get_many(self, keys: Any, *, namespace: Any = None) -> list[list[Any]]:
+        """``get()`` of every key of the column ``keys``, in order (a list of
+        lists), without changing the current key. ``namespace``: the view's
+        current one when None. O(len(keys) + the elements read)."""
+        ks, kgs, ns = self._column(keys, namespace)
+        return self._each_row(ks, kgs, ns, lambda i: self.get())
+
+    def add_many(self, keys: Any, values: Any, *, namespace: Any = None) -> None:
+        """``add(v)`` for every row of the columns ``keys`` and ``values``, in
+        order, without changing the current key. ``ValueError`` for a None value
+        or columns of different lengths, before anything is written.
+        O(len(keys))."""
+        ks, kgs, ns = self._column(keys, namespace)
+        vs = value_list(values, len(kgs))
+        for i, v in enumerate(vs):
+            if v is None:
+                raise ValueError(f"values[{i}] is None: a ListState cannot hold None; nothing was written")
+        self._each_row(ks, kgs, ns, lambda i: self.add(vs[i]))
 
     def merge_namespaces(self, target: Any, sources: Iterable[Any]) -> None:
         """Append the lists of ``sources`` (removed) to the list of ``target``,

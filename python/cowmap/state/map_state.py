@@ -13,9 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from cowmap._core import EXPIRED, NO_TIMESTAMP, FlatStateMap, multi_get, multi_replace
 from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncMapMethods
+from cowmap.state.columns import typed, value_list
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
 from cowmap.state.user_map import NONE_VALUE, NS_MARKER, KeyGroupUserMap, make_ctx
 
@@ -254,6 +257,56 @@ class MapState(AsyncMapMethods, State):
             u.clear_key(self._kc.key, self._ns, self._ctx())
         if t.cleanup_size:
             t.cleanup_step()
+
+    # -- columnar twins: columns of keys and user keys instead of set_current_key per record
+
+    def _user_keys(self, user_keys: Any, n: int) -> list[Any]:
+        """The user-key column for ``n`` rows, each checked (not None, hashable)
+        before anything is written."""
+        uks = value_list(user_keys, n, "user_keys")
+        for i, uk in enumerate(uks):
+            if uk is None:
+                raise TypeError(f"user_keys[{i}] is None: MapState user keys must not be None; nothing was written")
+            try:
+                hash(uk)
+            except TypeError:
+                raise TypeError(
+                    f"user_keys[{i}] must be hashable, got {type(uk).__name__} {uk!r}; nothing was written"
+                ) from None
+        return uks
+
+    def get_many(
+        self, keys: Any, user_keys: Any, *, namespace: Any = None, dtype: Any = None, default: Any = None
+    ) -> Any:
+        """``get(user_key)`` for every row of the columns ``keys`` and
+        ``user_keys``, in order, without changing the current key: a list, or
+        with ``dtype`` (int64 or float64) a numpy array, an absent entry reading
+        as ``default`` (None: NaN for float64, ``ValueError`` for int64).
+        O(len(keys))."""
+        ks, kgs, ns = self._column(keys, namespace)
+        uks = self._user_keys(user_keys, len(kgs))
+        return typed(self._each_row(ks, kgs, ns, lambda i: self.get(uks[i])), dtype, default, ks)
+
+    def contains_many(self, keys: Any, user_keys: Any, *, namespace: Any = None) -> Any:
+        """``contains(user_key)`` for every row, in order: a numpy bool array. O(len(keys))."""
+        ks, kgs, ns = self._column(keys, namespace)
+        uks = self._user_keys(user_keys, len(kgs))
+        return np.array(self._each_row(ks, kgs, ns, lambda i: self.contains(uks[i])), dtype=np.bool_)
+
+    def put_many(self, keys: Any, user_keys: Any, values: Any, *, namespace: Any = None) -> None:
+        """``put(user_key, value)`` for every row, in order, without changing the
+        current key. ``ValueError``/``TypeError`` for columns of different lengths
+        or a None or unhashable user key, before anything is written. O(len(keys))."""
+        ks, kgs, ns = self._column(keys, namespace)
+        uks = self._user_keys(user_keys, len(kgs))
+        vs = value_list(values, len(kgs))
+        self._each_row(ks, kgs, ns, lambda i: self.put(uks[i], vs[i]))
+
+    def remove_many(self, keys: Any, user_keys: Any, *, namespace: Any = None) -> None:
+        """``remove(user_key)`` for every row, in order. O(len(keys))."""
+        ks, kgs, ns = self._column(keys, namespace)
+        uks = self._user_keys(user_keys, len(kgs))
+        self._each_row(ks, kgs, ns, lambda i: self.remove(uks[i]))
 
     # -- vectorised forms for the AsyncExecutionController: one core call per batch
 

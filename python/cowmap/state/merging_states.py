@@ -13,6 +13,7 @@ from typing import Any
 
 from cowmap._core import EXPIRED, CopyOnWriteStateMap
 from cowmap.state.async_methods import AsyncMergingMethods
+from cowmap.state.columns import typed, value_list
 from cowmap.state.table import State, StateTable
 
 __all__ = ["AggregatingState", "AggregatingTable", "ReducingState", "ReducingTable"]
@@ -24,6 +25,12 @@ class _MergingState(AsyncMergingMethods, State):
     """The shared TTL logic: read with check-and-update, write with a fresh timestamp."""
 
     __slots__ = ()
+
+    def get(self) -> Any:
+        raise NotImplementedError
+
+    def add(self, value: Any) -> None:
+        raise NotImplementedError
 
     def _read(self, m: CopyOnWriteStateMap | None, ns: Any) -> Any:
         """Flink's ``getWithTtlCheckAndUpdate``: the accumulator or ``_ABSENT``."""
@@ -62,6 +69,30 @@ class _MergingState(AsyncMergingMethods, State):
             m.put(self._kc.key, ns, acc, self._kc.now())
         else:
             m.put(self._kc.key, ns, acc)
+
+    # -- columnar twins: a column of keys instead of set_current_key per record
+
+    def get_many(self, keys: Any, *, namespace: Any = None, dtype: Any = None, default: Any = None) -> Any:
+        """``get()`` of every key of the column ``keys``, in order, without
+        changing the current key: a list, or with ``dtype`` (int64 or float64) a
+        numpy array, a key with nothing stored reading as ``default`` (None: NaN
+        for float64, ``ValueError`` for int64). O(len(keys))."""
+        ks, kgs, ns = self._column(keys, namespace)
+        out = self._each_row(ks, kgs, ns, lambda i: self.get())
+        return typed(out, dtype, default, ks)
+
+    def add_many(self, keys: Any, values: Any, *, namespace: Any = None) -> None:
+        """``add(v)`` for every row of the columns ``keys`` and ``values``, in
+        order, without changing the current key. ``ValueError`` for columns of
+        different lengths (and, for a ``ReducingState``, a None value) before
+        anything is written. O(len(keys)) calls of the state's function."""
+        ks, kgs, ns = self._column(keys, namespace)
+        vs = value_list(values, len(kgs))
+        self._check_values(vs)
+        self._each_row(ks, kgs, ns, lambda i: self.add(vs[i]))
+
+    def _check_values(self, vs: list[Any]) -> None:
+        """Refuse a column of values ``add`` would refuse, before anything is written."""
 
     def _merge_function(self) -> Callable[[Any, Any], Any]:
         """The function that merges two accumulators (it may change the first)."""
@@ -205,6 +236,11 @@ class ReducingState(_MergingState):
         prev = self._usable(m, self._ns)
         reduce: Callable[[Any, Any], Any] = self._t.descriptor.reduce_function
         self._write(m, self._ns, value if prev is _ABSENT else reduce(prev, value))
+
+    def _check_values(self, vs: list[Any]) -> None:
+        for i, v in enumerate(vs):
+            if v is None:
+                raise ValueError(f"values[{i}] is None: cannot add None to a ReducingState; nothing was written")
 
     def _merge_function(self) -> Callable[[Any, Any], Any]:
         return self._t.descriptor.reduce_function

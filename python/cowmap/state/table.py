@@ -7,11 +7,15 @@ view's current namespace, and do their work on the map of that key group.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from cowmap._context import KeyContext, StateView
-from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot
+from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing
+from cowmap._keygroups import column_key_groups
+from cowmap.state.columns import key_column
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.ttl import StateVisibility, UpdateType, expired
 
@@ -308,6 +312,67 @@ class State(StateView):
             except TypeError:
                 raise TypeError(f"source namespace must be hashable, got {type(ns).__name__} {ns!r}") from None
         return out
+
+    # ------------------------------------------------------------ columns
+
+    def _column(self, keys: Any, namespace: Any) -> tuple[Any, Any, Any]:
+        """A columnar call's ``(keys, key groups, namespace)``, all checked before
+        anything is written: ``keys`` as the compiled calls take them, their key
+        groups (``ValueError`` for one outside the backend's range, ``TypeError``
+        for a key with no stable hash) and ``namespace``, the view's current one
+        when None."""
+        ks = key_column(keys)
+        kc = self._kc
+        kgs = column_key_groups(ks, kc.max_parallelism, kc.lo, kc.hi)
+        if namespace is None:
+            return ks, kgs, self._ns
+        try:
+            hash(namespace)
+        except TypeError:
+            raise TypeError(f"namespace must be hashable, got {type(namespace).__name__} {namespace!r}") from None
+        return ks, kgs, namespace
+
+    def _each_row(self, ks: Any, kgs: Any, namespace: Any, fn: Callable[[int], Any]) -> list[Any]:
+        """``fn(i)`` for every row ``i`` of a checked column (``_column``), with
+        the row's key current as ``set_current_key`` makes it (a record starts)
+        and ``namespace`` current; the current key and namespace are restored
+        after. The per-record loop itself, for the columnar calls that have no
+        faster path."""
+        kc = self._kc
+        key0, kg0, ns0 = kc.key, kc.key_group, self._ns
+        keys = ks.tolist() if isinstance(ks, np.ndarray) else ks
+        groups = kgs.tolist()
+        swap = namespace is not ns0
+        if swap:
+            self.set_current_namespace(namespace)
+        out = []
+        try:
+            enter = kc.enter_row
+            for i, k in enumerate(keys):
+                enter(k, groups[i])
+                out.append(fn(i))
+        finally:
+            kc.restore_key(key0, kg0)
+            if swap:
+                self.set_current_namespace(ns0)
+        return out
+
+    def _column_maps(self, kgs: Any) -> list[Any]:
+        """The table's maps, with a map made for every key group of ``kgs``
+        that has none (what a column of writes needs)."""
+        t = self._t
+        for kg in column_missing(t.maps, kgs):
+            t.map_for_write(kg)
+        return t.maps
+
+    def _column_ticks(self, n: int) -> None:
+        """The cleanup a loop of ``n`` records, each making one access, would
+        run: a step per record of every table that cleans up on every record
+        (``set_current_key``), and one per access of this state's."""
+        for t in self._kc.record_cleanups:
+            t.tick(n)
+        if self._t.cleanup_size:
+            self._t.tick(n)
 
     def _no_key(self) -> RuntimeError:
         return RuntimeError(f"no current key: call set_current_key() before using state {self._t.name!r}")

@@ -4,12 +4,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from cowmap._core import EXPIRED, NO_TIMESTAMP, multi_get, multi_put
+import numpy as np
+
+from cowmap._core import (
+    COL_LIST,
+    EXPIRED,
+    NO_TIMESTAMP,
+    column_get,
+    column_put,
+    column_remove,
+    multi_get,
+    multi_put,
+)
 from cowmap._requests import positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncValueMethods
+from cowmap.state.columns import out_type, value_column
 from cowmap.state.table import State, StateTable
 
 __all__ = ["ValueState", "ValueTable"]
+
+
+#: ``get_many``'s default: the descriptor's default value
+_DESCRIPTOR: Any = object()
 
 
 class ValueState(AsyncValueMethods, State):
@@ -81,6 +97,59 @@ class ValueState(AsyncValueMethods, State):
             if t.ticks <= 0:
                 t.run_cleanup()
         m.put(kc.key, self._ns, value, kc.clock)
+
+    # -- columnar twins: a column of keys instead of set_current_key per record
+
+    def get_many(self, keys: Any, *, namespace: Any = None, dtype: Any = None, default: Any = _DESCRIPTOR) -> Any:
+        """``value()`` of every key of the column ``keys``, in order: what a loop of
+        ``set_current_key(k); value()`` returns (TTL reads, refreshes and expired
+        entries included), without changing the current key.
+
+        ``keys``: a numpy array, pandas Series/Index, pyarrow array or any
+        sequence. ``namespace``: the view's current one when None. Returns a
+        list, or with ``dtype`` (int64 or float64) a numpy array; a key with no
+        value reads as ``default`` (the descriptor's default value unless
+        given; for float64 None is NaN, for int64 a ``ValueError``).
+        ``TypeError``/``ValueError`` for a bad key or one outside the backend's
+        key-group range, before anything is read. O(len(keys)), a few C passes.
+        """
+        ks, kgs, ns = self._column(keys, namespace)
+        t = self._t
+        code = out_type(dtype)
+        dflt = self._default if default is _DESCRIPTOR else default
+        if t.ttl:
+            values, status = column_get(
+                t.maps, kgs, ks, ns, self._kc.now(), t.ttl, t.update_on_read, dflt, t.return_expired, code
+            )
+        else:
+            values, status = column_get(t.maps, kgs, ks, ns, 0, 0, False, dflt, False, code)
+        if default is _DESCRIPTOR and self._fresh_default and code == COL_LIST:
+            hidden = status != 1 if not t.return_expired else status == 0
+            for i in np.flatnonzero(hidden).tolist():
+                values[i] = self._default_value()
+        self._column_ticks(len(kgs))
+        return values
+
+    def update_many(self, keys: Any, values: Any, *, namespace: Any = None) -> None:
+        """``update(v)`` for every row of the columns ``keys`` and ``values``, in
+        order (a later row of the same key wins; a None value clears), without
+        changing the current key. Integer and float columns are stored as Python
+        ints and floats. ``ValueError`` for columns of different lengths, and
+        for bad keys as :meth:`get_many`, before anything is written.
+        O(len(keys)), a few C passes."""
+        ks, kgs, ns = self._column(keys, namespace)
+        vs = value_column(values, len(kgs))
+        t = self._t
+        maps = self._column_maps(kgs)
+        column_put(maps, kgs, ks, ns, vs, self._kc.now() if t.ttl else NO_TIMESTAMP)
+        self._column_ticks(len(kgs))
+
+    def clear_many(self, keys: Any, *, namespace: Any = None) -> None:
+        """``clear()`` for every key of the column ``keys``, without changing the
+        current key. O(len(keys))."""
+        ks, kgs, ns = self._column(keys, namespace)
+        column_remove(self._t.maps, kgs, ks, ns)
+        self._column_ticks(len(kgs))
 
     # -- vectorised forms for the AsyncExecutionController: one core call per batch
 

@@ -1,0 +1,280 @@
+# The compiled half of the columnar state calls (cowmap.state.columns): a column
+# of rows spread over one state's key-group maps, run by cm_col_run
+# (cm_columns.h) in one pass. Included by _core.pyx.
+
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
+from cpython.ref cimport Py_DECREF
+
+
+cdef extern from "Python.h":
+    PyObject *_list_new "PyList_New"(Py_ssize_t n) except NULL
+    void _list_set "PyList_SET_ITEM"(PyObject *l, Py_ssize_t i, PyObject *o)
+    bint _is_exact_float "PyFloat_CheckExact"(PyObject *o)
+    double _float_value "PyFloat_AS_DOUBLE"(PyObject *o)
+    bint _is_int "PyLong_Check"(PyObject *o)
+
+
+# get_many's output: a list, or a numpy array of one of these dtypes
+COL_LIST = 0
+COL_INT64 = 1
+COL_FLOAT64 = 2
+
+
+cdef class _Column:
+    """One column call's setup: its rows' key groups and keys, and the maps they
+    name (held for the call: Python code a key runs cannot free one)."""
+    cdef cm_col c
+    cdef list held
+    cdef object keys        # the int64 array or the tuple the call reads
+    cdef object kgs_arr
+    cdef const int32_t[::1] kgs
+    cdef const int64_t[::1] ikeys
+
+    def __dealloc__(self):
+        PyMem_Free(self.c.maps)
+        PyMem_Free(self.c.okeys)
+
+    cdef int setup(self, int op, list maps, object kgs, object keys, object namespace) except -1:
+        cdef Py_ssize_t i, n, nmaps = len(maps)
+        cdef int32_t kg
+        cdef uint8_t *checked = NULL
+        self.held = []
+        self.kgs_arr = kgs
+        self.kgs = kgs
+        n = self.kgs.shape[0]
+        memset(&self.c, 0, sizeof(cm_col))
+        self.c.op = op
+        self.c.n = n
+        self.c.ns = <PyObject *>namespace
+        if type(keys) is tuple:
+            if len(<tuple>keys) != n:
+                raise ValueError(f"{len(<tuple>keys)} keys for {n} key groups")
+            self.keys = keys
+            self.c.okeys = <PyObject **>PyMem_Calloc(n if n else 1, sizeof(PyObject *))
+            if self.c.okeys == NULL:
+                raise MemoryError()
+            for i in range(n):
+                self.c.okeys[i] = <PyObject *>(<tuple>keys)[i]
+        else:
+            self.ikeys = keys
+            if self.ikeys.shape[0] != n:
+                raise ValueError(f"{self.ikeys.shape[0]} keys for {n} key groups")
+            self.keys = keys
+            if n:
+                self.c.ikeys = &self.ikeys[0]
+        if n:
+            self.c.kgs = &self.kgs[0]
+        self.c.nmaps = nmaps
+        self.c.maps = <cm_map **>PyMem_Calloc(nmaps if nmaps else 1, sizeof(cm_map *))
+        checked = <uint8_t *>PyMem_Calloc(nmaps if nmaps else 1, 1)
+        if self.c.maps == NULL or checked == NULL:
+            PyMem_Free(checked)
+            raise MemoryError()
+        try:
+            for i in range(n):
+                kg = self.kgs[i]
+                if kg < 0 or kg >= nmaps:
+                    raise ValueError(f"key group {kg} of row {i} is not within 0..{nmaps - 1}")
+                if checked[kg]:
+                    continue
+                checked[kg] = 1
+                m = maps[kg]
+                if type(m) is CopyOnWriteStateMap:
+                    self.held.append(m)
+                    self.c.maps[kg] = &(<CopyOnWriteStateMap>m).m
+                elif m is None:
+                    if op == CM_COL_PUT:
+                        raise ValueError(f"no map for key group {kg} (row {i}): a write needs its key group's map")
+                else:
+                    raise TypeError(f"maps[{kg}] must be a CopyOnWriteStateMap or None, not {type(m).__name__}")
+        finally:
+            PyMem_Free(checked)
+        return 0
+
+
+cdef int _release_refs(PyObject **out, Py_ssize_t start, Py_ssize_t n) noexcept:
+    cdef Py_ssize_t i
+    for i in range(start, n):
+        Py_XDECREF(out[i])
+        out[i] = NULL
+    return 0
+
+
+def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=False,
+               default=None, bint return_expired=False, int out_type=COL_LIST):
+    """Read ``keys[i]`` (an int64 array or a tuple) in ``namespace`` from
+    ``maps[kgs[i]]`` (``kgs`` an int32 array) for every row, in order; returns
+    ``(values, status)``.
+
+    ``status`` is a uint8 array: 0 absent (or no map), 1 live, 2 expired. With
+    ``ttl > 0`` an expired entry is removed as it is read, and its row gets its
+    state when ``return_expired`` (``ReturnExpiredIfNotCleanedUp``), else
+    ``default``; ``refresh`` sets the timestamps of live entries to ``now``
+    (``OnReadAndWrite``). ``values`` is a list (``out_type`` COL_LIST), absent
+    rows holding ``default``, or an int64 / float64 array (COL_INT64,
+    COL_FLOAT64) made from int / float states, absent rows holding ``default``
+    (None: NaN for float64, ``ValueError`` for int64). A state numpy cannot
+    convert raises its error; the reads are done by then. O(len(keys)).
+    """
+    import numpy as np
+    cdef _Column col = _Column()
+    col.setup(CM_COL_GET, maps, kgs, keys, namespace)
+    cdef Py_ssize_t i, n = col.c.n
+    cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
+    status = np.zeros(n, dtype=np.uint8)
+    cdef uint8_t[::1] st = status
+    cdef PyObject **out = <PyObject **>PyMem_Calloc(n if n else 1, sizeof(PyObject *))
+    if out == NULL:
+        raise MemoryError()
+    col.c.now = c_now
+    col.c.ttl = c_ttl
+    col.c.refresh = 1 if refresh else 0
+    col.c.out = out
+    col.c.status = &st[0] if n else NULL
+    cdef PyObject *s
+    cdef PyObject *lst
+    cdef int64_t[::1] iv
+    cdef double[::1] fv
+    cdef int overflow
+    try:
+        cm_col_run(&col.c)
+        if out_type == COL_LIST:
+            lst = _list_new(n)
+            values = <object>lst
+            Py_DECREF(values)  # _list_new's reference, now owned by `values`
+            for i in range(n):
+                s = out[i]
+                if s != NULL and (st[i] == 1 or return_expired):
+                    out[i] = NULL
+                else:
+                    Py_XDECREF(s)
+                    out[i] = NULL
+                    s = <PyObject *>default
+                    Py_INCREF(default)
+                _list_set(lst, i, s)
+            return values, status
+        if out_type == COL_INT64:
+            values = np.empty(n, dtype=np.int64)
+            iv = values
+            for i in range(n):
+                s = out[i]
+                if s == NULL or not (st[i] == 1 or return_expired):
+                    if default is None:
+                        key = col.c.ikeys[i] if col.c.ikeys != NULL else (<tuple>col.keys)[i]
+                        raise ValueError(f"key {key!r} has no value: pass default= to read "
+                                         f"missing keys into an int64 array")
+                    values[i] = default
+                    continue
+                if _is_int(s):
+                    overflow = 0
+                    iv[i] = cm_as_int64(s, &overflow)
+                    if overflow:
+                        values[i] = <object>s  # numpy's OverflowError
+                else:
+                    values[i] = <object>s
+            return values, status
+        if out_type == COL_FLOAT64:
+            values = np.empty(n, dtype=np.float64)
+            fv = values
+            dflt = float("nan") if default is None else default
+            for i in range(n):
+                s = out[i]
+                if s == NULL or not (st[i] == 1 or return_expired):
+                    values[i] = dflt
+                elif _is_exact_float(s):
+                    fv[i] = _float_value(s)
+                else:
+                    values[i] = <object>s
+            return values, status
+        raise ValueError(f"out_type must be COL_LIST, COL_INT64 or COL_FLOAT64, got {out_type}")
+    finally:
+        _release_refs(out, 0, n)
+        PyMem_Free(out)
+
+
+def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP):
+    """Write ``states[i]`` to ``keys[i]`` in ``namespace`` of ``maps[kgs[i]]``
+    with timestamp ``ts`` for every row, in order; a state None removes the
+    key instead. ``states`` is a tuple, or an int64 or float64 array (written
+    as ints / floats). Every row's map must exist (``ValueError``). Not
+    atomic: when a row fails, the rows before it are written. O(len(keys))."""
+    cdef _Column col = _Column()
+    col.setup(CM_COL_PUT, maps, kgs, keys, namespace)
+    cdef Py_ssize_t i, n = col.c.n
+    cdef const int64_t[::1] iv
+    cdef const double[::1] fv
+    cdef PyObject **buf
+    col.c.ts = _as_time(ts)
+    if type(states) is tuple:
+        if len(<tuple>states) != n:
+            raise ValueError(f"{len(<tuple>states)} states for {n} keys")
+        buf = <PyObject **>PyMem_Calloc(n if n else 1, sizeof(PyObject *))
+        if buf == NULL:
+            raise MemoryError()
+        for i in range(n):
+            buf[i] = <PyObject *>(<tuple>states)[i]
+        col.c.states = buf
+        try:
+            cm_col_run(&col.c)
+        finally:
+            PyMem_Free(buf)
+        return
+    dtype = states.dtype
+    if dtype.kind == "i" and dtype.itemsize == 8:
+        iv = states
+        if iv.shape[0] != n:
+            raise ValueError(f"{iv.shape[0]} states for {n} keys")
+        col.c.istates = &iv[0] if n else NULL
+    elif dtype.kind == "f" and dtype.itemsize == 8:
+        fv = states
+        if fv.shape[0] != n:
+            raise ValueError(f"{fv.shape[0]} states for {n} keys")
+        col.c.fstates = &fv[0] if n else NULL
+    else:
+        raise TypeError(f"states must be a tuple or an int64 / float64 array, not {dtype}")
+    if n:
+        cm_col_run(&col.c)
+
+
+def column_remove(list maps not None, kgs, keys, namespace):
+    """Remove ``keys[i]`` in ``namespace`` from ``maps[kgs[i]]`` for every row. O(len(keys))."""
+    cdef _Column col = _Column()
+    col.setup(CM_COL_REMOVE, maps, kgs, keys, namespace)
+    cm_col_run(&col.c)
+
+
+def column_contains(list maps not None, kgs, keys, namespace):
+    """A numpy bool array: whether ``keys[i]`` is mapped in ``namespace`` of
+    ``maps[kgs[i]]``, for every row. O(len(keys))."""
+    import numpy as np
+    cdef _Column col = _Column()
+    col.setup(CM_COL_CONTAINS, maps, kgs, keys, namespace)
+    out = np.zeros(col.c.n, dtype=np.bool_)
+    cdef uint8_t[::1] view = out.view(np.uint8)
+    if col.c.n:
+        col.c.status = &view[0]
+        cm_col_run(&col.c)
+    return out
+
+
+def column_missing(list maps not None, kgs):
+    """The distinct key groups of ``kgs`` (an int32 array) whose map is None, in
+    the order they first appear: the maps a write must make first. O(len(kgs))."""
+    cdef const int32_t[::1] k = kgs
+    cdef Py_ssize_t i, n = k.shape[0], nmaps = len(maps)
+    cdef list out = []
+    cdef uint8_t *seen = <uint8_t *>PyMem_Calloc(nmaps if nmaps else 1, 1)
+    if seen == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            kg = k[i]
+            if kg < 0 or kg >= nmaps:
+                raise ValueError(f"key group {kg} of row {i} is not within 0..{nmaps - 1}")
+            if not seen[kg]:
+                seen[kg] = 1
+                if <PyObject *>maps[kg] == <PyObject *>None:
+                    out.append(kg)
+    finally:
+        PyMem_Free(seen)
+    return out

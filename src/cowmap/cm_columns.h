@@ -1,0 +1,230 @@
+/*
+ * cowmap core, part 8 of 8: columns, one pass over a batch of rows spread
+ * over the key-group maps of one state (the columnar state calls).
+ *
+ * A row is a key (an int64 or an object), the map of its key group and, for
+ * a write, a state. Rows run in order through the same steps as the single
+ * ops (cm_locate, cm_read_state, cm_writable, cm_add_entry, cm_unlink), so a
+ * column gives what the single ops give one row after another, duplicate
+ * keys and rehash steps included. What makes it fast is around those steps:
+ * every map of the column is entered once, not once per row; object keys are
+ * hashed (and so checked) in a first pass, before anything is written; and a
+ * software pipeline across the maps prefetches, CM_CD rows ahead, the row's
+ * bucket slot, then its head entry, then its state or the chain's next
+ * entry, so the cache misses of many rows overlap.
+ *
+ * Compiled only as part of cowmap_core.h, which includes the parts in order.
+ */
+#ifndef COWMAP_CM_COLUMNS_H
+#define COWMAP_CM_COLUMNS_H
+
+#include "cm_ttl.h"
+
+enum { CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS };
+
+/* What a column GET found for a row (cm_col.status). */
+enum { CM_ROW_ABSENT = 0, CM_ROW_LIVE = 1, CM_ROW_EXPIRED = 2 };
+
+typedef struct {
+    int op;
+    Py_ssize_t n;
+    const int64_t *ikeys;   /* int64 keys, or NULL */
+    PyObject **okeys;       /* object keys: the items of a list the caller holds, or NULL */
+    const int32_t *kgs;     /* the key group of each row, an index into maps (checked by the caller) */
+    cm_map **maps;          /* per key group: its map (the caller holds a reference), NULL = none */
+    Py_ssize_t nmaps;
+    PyObject *ns;
+    /* GET: with ttl > 0 an expired entry is removed and its state returned
+     * with CM_ROW_EXPIRED; refresh: a live entry's ts is set to now */
+    int64_t now, ttl;
+    int refresh;
+    PyObject **out;         /* GET: a new reference per row found, NULL where absent */
+    uint8_t *status;        /* GET: CM_ROW_*; CONTAINS: 0/1 */
+    /* PUT: states[i] (borrowed) is written with ts; NULL or None = remove the row's key */
+    PyObject *const *states;
+    const int64_t *istates; /* PUT: int64 states made into ints as they are written, or NULL */
+    const double *fstates;  /* PUT: float64 states made into floats, or NULL */
+    int64_t ts;
+} cm_col;
+
+#define CM_CD 24u   /* rows between prefetching a row's slot and running it */
+#define CM_CR 32u   /* ring of row hashes, a power of two > CM_CD */
+
+/* The probe of row i: int64 keys are made on the spot, object keys were made
+ * by cm_col_probes. */
+static inline void cm_col_probe(const cm_col *c, const cm_probe *probes, Py_hash_t hn, Py_ssize_t i,
+                                cm_probe *p) {
+    if (c->ikeys) {
+        p->key = NULL; p->ikey = c->ikeys[i]; p->is_int = 1; p->ns = c->ns;
+        p->hash = cm_composite(cm_int_hash(p->ikey), hn);
+    } else {
+        *p = probes[i];
+    }
+}
+
+/* Object keys hashed before anything is written: a key whose __hash__ fails
+ * fails the column with nothing done. */
+static cm_probe *cm_col_probes(const cm_col *c, Py_hash_t hn) {
+    if (c->ikeys) return NULL;
+    cm_probe *probes = PyMem_Malloc((size_t)(c->n ? c->n : 1) * sizeof(cm_probe));
+    if (!probes) { PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t i = 0; i < c->n; i++) {
+        Py_hash_t hk;
+        if (cm_probe_key(&probes[i], c->okeys[i], &hk) < 0) { PyMem_Free(probes); return NULL; }
+        probes[i].ns = c->ns;
+        probes[i].hash = cm_composite(hk, hn);
+    }
+    return probes;
+}
+
+/* The pipeline's stages for rows ahead of row i (hints only: they read the
+ * maps as they are, and a row's slot may move before the row runs). */
+CM_ALWAYS_INLINE static inline void cm_col_hints(const cm_col *c, const cm_probe *probes, Py_hash_t hn,
+                                                 uint32_t *ring, Py_ssize_t i) {
+#if defined(__GNUC__)
+    Py_ssize_t j = i + CM_CD;
+    if (j < c->n) {
+        uint32_t h = c->ikeys ? cm_composite(cm_int_hash(c->ikeys[j]), hn) : probes[j].hash;
+        ring[j & (CM_CR - 1u)] = h;
+        const cm_map *m = c->maps[c->kgs[j]];
+        if (m) {
+            const uint32_t *slot = cm_slot_at(m, h);
+            if (slot) CM_PREFETCH(slot);
+        }
+    }
+    j = i + CM_CD / 2;
+    if (j < c->n) {
+        const cm_map *m = c->maps[c->kgs[j]];
+        if (m) {
+            const uint32_t *slot = cm_slot_at(m, ring[j & (CM_CR - 1u)]);
+            if (slot && *slot) cm_prefetch_entry(m, *slot);
+        }
+    }
+    j = i + CM_CD / 4;
+    if (j < c->n) {
+        const cm_map *m = c->maps[c->kgs[j]];
+        if (m) {
+            uint32_t h = ring[j & (CM_CR - 1u)];
+            const uint32_t *slot = cm_slot_at(m, h);
+            if (slot && *slot) {
+                const cm_entry *e = cm_E(m, *slot);
+                if (!cm_prefetch_past_head(m, e, h) && c->op == CM_COL_GET) CM_PREFETCH_W(e->state);
+            }
+        }
+    }
+#else
+    (void)c; (void)probes; (void)hn; (void)ring; (void)i;
+#endif
+}
+
+/* The state to write for row i: a new reference, Py_None for a removal, NULL on error. */
+static inline PyObject *cm_col_state(const cm_col *c, Py_ssize_t i) {
+    if (c->istates) return PyLong_FromLongLong(c->istates[i]);
+    if (c->fstates) return PyFloat_FromDouble(c->fstates[i]);
+    PyObject *s = c->states[i] ? c->states[i] : Py_None;
+    Py_INCREF(s);
+    return s;
+}
+
+/* Row i in map m, the single op's steps. */
+static int cm_col_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t i) {
+    cm_loc loc;
+    if (c->op == CM_COL_PUT) {
+        PyObject *st = cm_col_state(c, i);
+        if (!st) return -1;
+        if (st == Py_None) { /* update(None) is clear() */
+            Py_DECREF(st);
+            return cm_remove_probe(m, p, NULL) < 0 ? -1 : 0;
+        }
+        if (cm_locate(m, p, &loc) < 0) { Py_DECREF(st); return -1; }
+        uint32_t w = loc.found ? cm_writable(m, p, &loc) : cm_add_entry(m, p, loc.t);
+        if (!w) { cm_grave(m, st); return -1; }
+        cm_set_state(m, w, st, c->ts);
+        return 0;
+    }
+    if (c->op == CM_COL_REMOVE) return cm_remove_probe(m, p, NULL) < 0 ? -1 : 0;
+    if (cm_locate(m, p, &loc) < 0) return -1;
+    if (c->op == CM_COL_CONTAINS) { c->status[i] = (uint8_t)loc.found; return 0; }
+    if (!loc.found) { c->status[i] = CM_ROW_ABSENT; return 0; }
+    cm_entry *e = cm_E(m, loc.idx);
+    PyObject *s;
+    if (c->ttl > 0 && cm_expired(e->ts, c->ttl, c->now)) {
+        /* the value's read of an expired entry: removed, its state handed back */
+        if (!(s = cm_old_state(m, e))) return -1;
+        if (cm_unlink(m, loc.t, p->hash & (loc.t->capacity - 1u), loc.idx, loc.prev) < 0) {
+            Py_DECREF(s);
+            return -1;
+        }
+        c->status[i] = CM_ROW_EXPIRED;
+    } else {
+        s = c->ttl > 0 && c->refresh ? cm_read_touch(m, p, &loc, c->now) : cm_read_state(m, p, &loc);
+        if (!s) return -1;
+        c->status[i] = CM_ROW_LIVE;
+    }
+    c->out[i] = s;
+    return 0;
+}
+
+/* Enter the maps of the column's rows (each once), or none: a busy map fails
+ * the column before anything is done. rows[kg] counts the rows of each map. */
+static int cm_col_enter(const cm_col *c, uint32_t *rows) {
+    for (Py_ssize_t i = 0; i < c->n; i++) {
+        int32_t kg = c->kgs[i];
+        if (c->maps[kg] && rows[kg]++ == 0 && cm_enter(c->maps[kg]) < 0) {
+            rows[kg] = 0;
+            for (Py_ssize_t k = 0; k < c->nmaps; k++)
+                if (rows[k] && c->maps[k]) { cm_leave(c->maps[k]); rows[k] = 0; }
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void cm_col_leave(const cm_col *c, const uint32_t *rows) {
+    for (Py_ssize_t k = 0; k < c->nmaps; k++) {
+        cm_map *m = c->maps[k];
+        if (!rows[k] || !m) continue;
+        if (m->nrq) cm_reclaim_some(m, 2 * (size_t)rows[k]); /* as a batch of the map's rows would */
+        cm_leave(m);
+    }
+}
+
+/* Run the column: 0, or -1 with an exception set (rows before the failing one done). */
+static int cm_col_run(cm_col *c) {
+    Py_hash_t hn;
+    cm_probe p;
+    if (cm_probe_ns(&p, c->ns, &hn) < 0) return -1;
+    if (c->op == CM_COL_GET && c->ttl != 0 && cm_check_ttl(c->ttl) < 0) return -1;
+    cm_probe *probes = cm_col_probes(c, hn);
+    if (!probes && !c->ikeys) return -1;
+    uint32_t *rows = PyMem_Calloc((size_t)(c->nmaps ? c->nmaps : 1), sizeof(uint32_t));
+    if (!rows) { PyMem_Free(probes); PyErr_NoMemory(); return -1; }
+    int r = -1;
+    if (cm_col_enter(c, rows) < 0) goto out;
+    uint32_t ring[CM_CR];
+    for (Py_ssize_t j = 0; j < c->n && j < (Py_ssize_t)CM_CD; j++)
+        ring[j] = c->ikeys ? cm_composite(cm_int_hash(c->ikeys[j]), hn) : probes[j].hash;
+    Py_ssize_t i;
+    for (i = 0; i < c->n; i++) {
+        if (!COWMAP_PLAIN_BATCH) cm_col_hints(c, probes, hn, ring, i);
+        cm_map *m = c->maps[c->kgs[i]];
+        if (!m) { /* no map: nothing to read or remove (writes make their maps first) */
+            if (c->status) c->status[i] = 0;
+            if (c->op == CM_COL_PUT) {
+                PyErr_Format(PyExc_ValueError, "no map for key group %d of row %zd", (int)c->kgs[i], i);
+                break;
+            }
+            continue;
+        }
+        cm_col_probe(c, probes, hn, i, &p);
+        if (cm_col_row(m, c, &p, i) < 0) break;
+    }
+    r = i == c->n ? 0 : -1;
+    cm_col_leave(c, rows);
+out:
+    PyMem_Free(rows);
+    PyMem_Free(probes);
+    return r;
+}
+
+#endif /* COWMAP_CM_COLUMNS_H */

@@ -1,0 +1,208 @@
+"""The columnar twins of ListState, MapState, ReducingState and AggregatingState
+against the per-record loop they stand for."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import numpy as np
+import pytest
+from columns_harness import (
+    MAX_PAR,
+    Pair,
+    as_input,
+    forms,
+    live_entries,
+    mixed_keys,
+    namespaces,
+    small_keys,
+    ttl_configs,
+)
+from columns_harness import snapshot_entries as snap_view
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowmap import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
+    KeyedStateBackend,
+    ListStateDescriptor,
+    MapStateDescriptor,
+    ReducingStateDescriptor,
+)
+
+
+class SumCount(AggregateFunction):
+    def create_accumulator(self) -> list[int]:
+        return [0, 0]
+
+    def add(self, value: int, acc: list[int]) -> list[int]:
+        acc[0] += value
+        acc[1] += 1
+        return acc
+
+    def get_result(self, acc: list[int]) -> tuple[int, int]:
+        return acc[0], acc[1]
+
+    def merge(self, a: list[int], b: list[int]) -> list[int]:
+        return [a[0] + b[0], a[1] + b[1]]
+
+
+# kind -> (descriptor factory, backend getter, write op, read op(s))
+KINDS: dict[str, tuple[Any, str]] = {
+    "list": (lambda: ListStateDescriptor("s"), "get_list_state"),
+    "map": (lambda: MapStateDescriptor("s"), "get_map_state"),
+    "reducing": (lambda: ReducingStateDescriptor("s", operator.add), "get_reducing_state"),
+    "reducing_np": (lambda: ReducingStateDescriptor("s", np.add), "get_reducing_state"),
+    "aggregating": (lambda: AggregatingStateDescriptor("s", SumCount()), "get_aggregating_state"),
+}
+SNAP_KIND = {"reducing_np": "reducing"}
+OPS = {
+    "list": ["get", "add"],
+    "map": ["get", "contains", "put", "put", "remove"],
+    "reducing": ["get", "add", "add"],
+    "reducing_np": ["get", "add", "add"],
+    "aggregating": ["get", "add", "add"],
+}
+
+
+@st.composite
+def programs(draw: Any, kind: str) -> list[tuple[Any, ...]]:
+    out = []
+    keys = small_keys if kind == "reducing_np" else mixed_keys
+    for _ in range(draw(st.integers(1, 12))):
+        op = draw(st.sampled_from([*OPS[kind], "tick", "ns", "snap", "check"]))
+        if op in OPS[kind]:
+            ks = draw(st.lists(keys, max_size=10))
+            n = len(ks)
+            uks = draw(st.lists(st.one_of(st.integers(0, 4), st.sampled_from(["u", "v"])), min_size=n, max_size=n))
+            vs = draw(st.lists(st.integers(-5, 9), min_size=n, max_size=n))
+            if kind == "map":
+                vs = [None if v < -3 else v for v in vs]  # a map value may be None
+            out.append((op, ks, uks, vs, draw(forms), draw(st.one_of(st.none(), namespaces))))
+        elif op == "tick":
+            out.append((op, draw(st.integers(0, 12))))
+        elif op == "ns":
+            out.append((op, draw(namespaces)))
+        elif op == "check":
+            out.append((op, draw(st.integers(0, 5)), draw(st.booleans())))
+        else:
+            out.append((op,))
+    return out
+
+
+def run(kind: str, pair: Pair, program: list[tuple[Any, ...]]) -> None:
+    col, loop = pair.col_state, pair.loop_state
+    skind = SNAP_KIND.get(kind, kind)
+    for step in program:
+        op = step[0]
+        if op == "tick":
+            pair.now += step[1]
+        elif op == "ns":
+            col.set_current_namespace(step[1])
+            loop.set_current_namespace(step[1])
+        elif op == "snap":
+            pair.take_snapshot()
+        elif op == "check":
+            if pair.snaps:
+                i = step[1] % len(pair.snaps)
+                a, b, at = pair.snaps[i]
+                assert snap_view(a, "s", skind, pair, at) == snap_view(b, "s", skind, pair, at)
+                if step[2]:
+                    a.release()
+                    b.release()
+                    del pair.snaps[i]
+        else:
+            _, ks, uks, vs, form, ns = step
+            k_in = as_input(ks, form)
+            before = pair.col.get_current_key()
+            if kind == "map":
+                u_in = as_input(uks, form) if form != "arrow" else uks
+                if op == "get":
+                    want = pair.loop_rows(ks, lambda i, uks=uks: loop.get(uks[i]), ns)
+                    assert col.get_many(k_in, u_in, namespace=ns) == want
+                elif op == "contains":
+                    want = pair.loop_rows(ks, lambda i, uks=uks: loop.contains(uks[i]), ns)
+                    assert col.contains_many(k_in, u_in, namespace=ns).tolist() == want
+                elif op == "put":
+                    col.put_many(k_in, u_in, vs, namespace=ns)
+                    pair.loop_rows(ks, lambda i, uks=uks, vs=vs: loop.put(uks[i], vs[i]), ns)
+                else:
+                    col.remove_many(k_in, u_in, namespace=ns)
+                    pair.loop_rows(ks, lambda i, uks=uks: loop.remove(uks[i]), ns)
+            elif op == "get":
+                want = pair.loop_rows(ks, lambda i: loop.get(), ns)
+                assert col.get_many(k_in, namespace=ns) == want
+            else:
+                v_in = np.array(vs, dtype=np.int64) if form == "numpy" else vs
+                col.add_many(k_in, v_in, namespace=ns)
+                pair.loop_rows(ks, lambda i, vs=vs: loop.add(vs[i]), ns)
+            assert pair.col.get_current_key() == before
+        a, b = live_entries(pair, "s", skind)
+        assert a == b
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_columns_equal_the_loop(kind: str, data: Any) -> None:
+    cfg = data.draw(ttl_configs())
+    program = data.draw(programs(kind))
+    make, getter = KINDS[kind]
+    pair = Pair(make, cfg, getter)
+    pair.col.set_current_key("current")
+    run(kind, pair, program)
+
+
+def test_reducing_get_many_dtype() -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_reducing_state(ReducingStateDescriptor("r", np.add))
+    s.add_many(np.array([1, 2, 1]), np.array([1.5, 2.0, 0.25]))
+    assert s.get_many([1, 2, 3], dtype=np.float64, default=0.0).tolist() == [1.75, 2.0, 0.0]
+    with pytest.raises(ValueError, match="key 3 has no value"):
+        s.get_many(np.array([1, 3]), dtype=np.int64)
+
+
+@pytest.mark.parametrize(
+    ("getter", "desc", "call", "err", "match"),
+    [
+        ("get_list_state", ListStateDescriptor("s"), lambda s: s.add_many([1, 2], [1, None]), ValueError, "None"),
+        (
+            "get_reducing_state",
+            ReducingStateDescriptor("s", operator.add),
+            lambda s: s.add_many([1, 2], [1, None]),
+            ValueError,
+            "None",
+        ),
+        ("get_map_state", MapStateDescriptor("s"), lambda s: s.put_many([1, 2], [1, None], [1, 2]), TypeError, "None"),
+        ("get_map_state", MapStateDescriptor("s"), lambda s: s.put_many([1, 2], [1, [2]], [1, 2]), TypeError, "hash"),
+        ("get_map_state", MapStateDescriptor("s"), lambda s: s.put_many([1, 2], [1], [1, 2]), ValueError, "length"),
+        ("get_list_state", ListStateDescriptor("s"), lambda s: s.add_many([1, 2], [1]), ValueError, "length"),
+        ("get_list_state", ListStateDescriptor("s"), lambda s: s.add_many([[1], 2], [1, 2]), TypeError, r"keys\[0\]"),
+    ],
+)
+def test_bad_columns_write_nothing(getter: str, desc: Any, call: Any, err: type, match: str) -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = getattr(b, getter)(desc)
+    with pytest.raises(err, match=match):
+        call(s)
+    assert b.num_entries() == 0
+
+
+def test_a_ufunc_reduce_function_is_called_as_it_is() -> None:
+    """np.add has a reduce method of its own (np.add.reduce(array, axis)): the
+    descriptor must call the ufunc, not take it for a PyFlink ReduceFunction."""
+
+    class FlinkStyle:
+        def reduce(self, a: int, b: int) -> int:
+            return a * b
+
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_reducing_state(ReducingStateDescriptor("r", np.add))
+    f = b.get_reducing_state(ReducingStateDescriptor("f", FlinkStyle()))
+    b.set_current_key(1)
+    for v in (2, 3):
+        s.add(v)
+        f.add(v)
+    assert s.get() == 5 and f.get() == 6

@@ -1,0 +1,179 @@
+"""ValueState's columnar twins against the per-record loop they stand for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from columns_harness import (
+    MAX_PAR,
+    Pair,
+    as_input,
+    forms,
+    live_entries,
+    mixed_keys,
+    namespaces,
+    small_keys,
+    ttl_configs,
+)
+from columns_harness import snapshot_entries as snap_view
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowmap import KeyedStateBackend, KeyGroupRange, ValueStateDescriptor
+
+values = st.one_of(st.integers(0, 5), st.none(), st.sampled_from(["x", "y"]))
+
+
+@st.composite
+def steps(draw: Any, numeric: bool) -> list[tuple[Any, ...]]:
+    keys = small_keys if numeric else mixed_keys
+    vals = st.one_of(st.integers(-3, 9), st.none()) if numeric else values
+    out = []
+    for _ in range(draw(st.integers(1, 14))):
+        op = draw(st.sampled_from(["get", "get", "update", "update", "clear", "tick", "ns", "snap", "check"]))
+        ns = draw(st.one_of(st.none(), namespaces))
+        if op in ("get", "update", "clear"):
+            ks = draw(st.lists(keys, max_size=12))
+            vs = draw(st.lists(vals, min_size=len(ks), max_size=len(ks)))
+            dtype = draw(st.sampled_from([None, "int64", "float64"])) if numeric else None
+            out.append((op, ks, vs, draw(forms), ns, dtype))
+        elif op == "tick":
+            out.append((op, draw(st.integers(0, 12))))
+        elif op == "ns":
+            out.append((op, draw(namespaces)))
+        elif op == "check":
+            out.append((op, draw(st.integers(0, 5)), draw(st.booleans())))
+        else:
+            out.append((op,))
+    return out
+
+
+def run(pair: Pair, program: list[tuple[Any, ...]]) -> None:
+    col, loop = pair.col_state, pair.loop_state
+    for step in program:
+        op = step[0]
+        if op == "tick":
+            pair.now += step[1]
+        elif op == "ns":
+            col.set_current_namespace(step[1])
+            loop.set_current_namespace(step[1])
+        elif op == "snap":
+            pair.take_snapshot()
+        elif op == "check":
+            if pair.snaps:
+                i = step[1] % len(pair.snaps)
+                a, b, at = pair.snaps[i]
+                assert snap_view(a, "v", "value", pair, at) == snap_view(b, "v", "value", pair, at)
+                if step[2]:
+                    a.release()
+                    b.release()
+                    del pair.snaps[i]
+        else:
+            _, ks, vs, form, ns, dtype = step
+            before = pair.col.get_current_key()
+            if op == "get":
+                want = pair.loop_rows(ks, lambda i: loop.value(), ns)
+                if dtype is None:
+                    assert col.get_many(as_input(ks, form), namespace=ns) == want
+                else:
+                    got = col.get_many(as_input(ks, form), namespace=ns, dtype=dtype, default=-1)
+                    assert got.dtype == np.dtype(dtype)
+                    assert got.tolist() == [-1 if v is None else v for v in want]
+            elif op == "update":
+                vin = as_input(vs, form) if None not in vs else vs
+                col.update_many(as_input(ks, form), vin, namespace=ns)
+                pair.loop_rows(ks, lambda i, vs=vs: loop.update(vs[i]), ns)
+            else:
+                col.clear_many(as_input(ks, form), namespace=ns)
+                pair.loop_rows(ks, lambda i: loop.clear(), ns)
+            assert pair.col.get_current_key() == before  # the current key is unchanged
+        a, b = live_entries(pair, "v", "value")
+        assert a == b
+
+
+@settings(max_examples=150, deadline=None)
+@given(cfg=ttl_configs(), program=steps(numeric=False))
+def test_value_columns_equal_the_loop(cfg: Any, program: Any) -> None:
+    pair = Pair(lambda: ValueStateDescriptor("v"), cfg, "get_state")
+    pair.col.set_current_key(3)  # a current key the columnar calls must leave alone
+    run(pair, program)
+
+
+@settings(max_examples=100, deadline=None)
+@given(cfg=ttl_configs(), program=steps(numeric=True))
+def test_value_columns_numeric_equal_the_loop(cfg: Any, program: Any) -> None:
+    pair = Pair(lambda: ValueStateDescriptor("v", default_value=None), cfg, "get_state")
+    run(pair, program)
+
+
+def test_mutable_default_is_fresh_per_row() -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v", default_value=[]))
+    out = s.get_many([1, 2, 1])
+    assert out == [[], [], []]
+    assert out[0] is not out[1] and out[0] is not out[2]
+
+
+def test_get_many_int64_needs_a_default_for_missing_keys() -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v"))
+    s.update_many(np.array([1, 2]), np.array([10, 20]))
+    assert s.get_many(np.array([2, 1]), dtype=np.int64).tolist() == [20, 10]
+    with pytest.raises(ValueError, match="key 3 has no value"):
+        s.get_many([1, 3], dtype="int64")
+    f = s.get_many([1, 3], dtype="float64")
+    assert f[0] == 10.0 and np.isnan(f[1])
+    with pytest.raises(ValueError, match="dtype"):
+        s.get_many([1], dtype="int32")
+
+
+def test_numeric_columns_are_stored_as_python_scalars() -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v"))
+    s.update_many(np.array([1, 2], dtype=np.int32), np.array([1.5, 2.5], dtype=np.float32))
+    s.update_many(np.array([3]), np.array([7], dtype=np.uint8))
+    got = s.get_many([1, 2, 3])
+    assert got == [1.5, 2.5, 7] and [type(v) for v in got] == [float, float, int]
+
+
+def test_keys_outside_the_range_write_nothing() -> None:
+    from cowmap import key_group_for
+
+    b = KeyedStateBackend(MAX_PAR, key_group_range=KeyGroupRange(0, 3))
+    s = b.get_state(ValueStateDescriptor("v"))
+    inside = next(k for k in range(100) if key_group_for(k, MAX_PAR) <= 3)
+    outside = next(k for k in range(100) if key_group_for(k, MAX_PAR) > 3)
+    for keys in ([inside, outside], np.array([inside, outside])):
+        with pytest.raises(ValueError, match=r"keys\[1\] = .* outside this backend's range"):
+            s.update_many(keys, [1, 2])
+        assert b.num_entries() == 0
+
+
+@pytest.mark.parametrize(
+    ("keys", "values", "err", "match"),
+    [
+        ([1, 2], [1], ValueError, "same length"),
+        (np.zeros((2, 2), dtype=np.int64), [1, 2], ValueError, "one-dimensional"),
+        ([1, 2], np.zeros((2, 1)), ValueError, "one-dimensional"),
+        ([1, [2]], [1, 2], TypeError, r"keys\[1\]"),
+        (np.array([1, None], dtype=object), [1, 2], TypeError, r"keys\[1\].*None"),
+        ("ab", [1, 2], TypeError, "column"),
+        (5, [1], TypeError, "column"),
+        ([1, 2], {"a": 1}, TypeError, "column"),
+    ],
+)
+def test_bad_columns_write_nothing(keys: Any, values: Any, err: type, match: str) -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v"))
+    with pytest.raises(err, match=match):
+        s.update_many(keys, values)
+    assert b.num_entries() == 0
+
+
+def test_unhashable_namespace_is_refused() -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v"))
+    with pytest.raises(TypeError, match="namespace must be hashable"):
+        s.get_many([1], namespace=[1])
