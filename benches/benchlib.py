@@ -204,7 +204,26 @@ def _rows() -> list[Row]:
         Row("6", "1st put after snapshot, 1M, put loop", "ns/op", "cow.put.snapshot", "cow.put.plain", "same put loop, no snapshot", "ratio", 3.0),
         Row("6", "1st put after snapshot, 1M, put_many", "ns/key", "cow.put_many.snapshot", "cow.put_many.plain", "same put_many, no snapshot", "ratio", 3.0),
     ]
-    return rows + _state_rows() + _async_rows()
+    return rows + _state_rows() + _async_rows() + _columnar_rows()
+
+
+def _columnar_rows() -> list[Row]:
+    """Figures 16-19 (test_bench_columnar.py): a pandas UDF's batches, 1M rows over 200k keys
+    in calls of 10k, through the columnar state calls."""
+    rows = []
+    for fig, case, label, limit, loop_x in (
+        ("16", "value_ttl", "ValueState get_many+update_many, TTL, int64 keys", 100.0, 6.0),
+        ("16", "value", "ValueState get_many+update_many, no TTL, int64 keys", 100.0, 6.0),
+        ("17", "value_str", "ValueState get_many+update_many, TTL, str keys", 300.0, None),
+        ("18", "map_dedup", "MapState contains_many+put_many (dedup), TTL", 200.0, None),
+        ("19", "reduce_add", "ReducingState(np.add) add_many, TTL", 100.0, None),
+    ):
+        k = f"columnar.{case}"
+        rows.append(Row(fig, label, "ns/row", k, f"{k}.loop", "per-record loop, same rows", "abs", limit))
+        if loop_x is not None:
+            rows.append(Row(fig, label, "ns/row", k, f"{k}.loop", "per-record loop, same rows", "ratio", 1 / loop_x))
+        rows.append(Row(fig, label, "ns/row", k, f"{k}.pandas", "pd.Series reindex+combine+write", "ratio", 1.0))
+    return rows
 
 
 def _async_rows() -> list[Row]:

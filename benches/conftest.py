@@ -17,6 +17,8 @@ Figures (one module each; each module's docstring says how it is measured):
    ValueState, ValueState with/without TTL and vs a dict, backend ``snapshot()`` start.
 12.-15. ``test_bench_async.py`` the async state layer: core calls per record, cost per record
    vs the sync path, the time hidden when every state call has a latency, and a hot key.
+16.-19. ``test_bench_columnar.py`` columnar state: a pandas UDF's batches through the batch
+   twins vs the per-record loop vs a pandas Series.
 
 pytest-benchmark's own table shows seconds per *round*; a round of the per-op figures is a loop
 of 1M calls, so there "ms per round" reads as "ns per op". The summary printed after it (by

@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE_EXAMPLE = "CopyOnWriteStateMap"
 KEYED_STATE_EXAMPLE = "KeyedStateBackend(max_parallelism"
 ASYNC_EXAMPLE = "AsyncExecutionController"
+COLUMNAR_EXAMPLE = "add_many(batch"
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -61,10 +62,27 @@ def test_readme_async_example_runs(capsys):
     assert namespace["aec"].in_flight_records == 0
 
 
+def test_readme_columnar_example_runs(capsys):
+    run_readme_example(COLUMNAR_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == ["[2 1 1 0]"]
+
+
 def test_every_python_example_in_the_docs_is_run():
     """Each python block of README.md is the one some test above runs, and docs/*.md has none
     (an example added there needs a test here that runs it and checks what it shows)."""
     blocks = python_blocks(ROOT / "README.md")
-    run = [next(b for b in blocks if marker in b) for marker in (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE)]
+    markers = (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE, COLUMNAR_EXAMPLE)
+    run = [next(b for b in blocks if marker in b) for marker in markers]
     assert [b for b in blocks if b not in run] == []
     assert {doc.name: n for doc in (ROOT / "docs").glob("*.md") if (n := len(python_blocks(doc)))} == {}
+
+
+def test_import_cowmap_does_not_load_numpy():
+    """numpy is loaded by the first columnar call, not by ``import cowmap``: the
+    harness can still configure it (its thread count) before it loads."""
+    import subprocess
+    import sys
+
+    code = "import sys, cowmap, cowmap.state, cowmap.asyncstate; print('numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

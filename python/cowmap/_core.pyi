@@ -216,6 +216,7 @@ def column_get(
     default: Any = None,
     return_expired: bool = False,
     out_type: int = 0,
+    peek: bool = False,
 ) -> tuple[Any, npt.NDArray[np.uint8]]: ...
 def column_put(
     maps: list[Any],
@@ -230,3 +231,6 @@ def column_contains(
     maps: list[Any], kgs: npt.NDArray[np.int32], keys: _KeyCol, namespace: Any
 ) -> npt.NDArray[np.bool_]: ...
 def column_missing(maps: list[Any], kgs: npt.NDArray[np.int32]) -> list[int]: ...
+def column_groups(
+    keys: npt.NDArray[np.int64] | tuple[Any, ...],
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]: ...

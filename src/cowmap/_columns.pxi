@@ -92,6 +92,18 @@ cdef class _Column:
         return 0
 
 
+cdef object _not_numeric(_Column col, Py_ssize_t i, object state, str want, str dtype):
+    key = col.c.ikeys[i] if col.c.ikeys != NULL else (<tuple>col.keys)[i]
+    return TypeError(f"the state of key {key!r} is {type(state).__name__} {state!r}, not {want}: "
+                     f"it cannot be read into a {dtype} array (read it with dtype=None)")
+
+
+cdef bint _is_np_float(object o):
+    """A numpy floating scalar (np.float32, ...), without importing numpy here."""
+    t = type(o)
+    return t.__module__ == "numpy" and hasattr(o, "is_integer") and hasattr(o, "dtype")
+
+
 cdef int _release_refs(PyObject **out, Py_ssize_t start, Py_ssize_t n) noexcept:
     cdef Py_ssize_t i
     for i in range(start, n):
@@ -101,7 +113,7 @@ cdef int _release_refs(PyObject **out, Py_ssize_t start, Py_ssize_t n) noexcept:
 
 
 def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=False,
-               default=None, bint return_expired=False, int out_type=COL_LIST):
+               default=None, bint return_expired=False, int out_type=COL_LIST, bint peek=False):
     """Read ``keys[i]`` (an int64 array or a tuple) in ``namespace`` from
     ``maps[kgs[i]]`` (``kgs`` an int32 array) for every row, in order; returns
     ``(values, status)``.
@@ -110,11 +122,13 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
     ``ttl > 0`` an expired entry is removed as it is read, and its row gets its
     state when ``return_expired`` (``ReturnExpiredIfNotCleanedUp``), else
     ``default``; ``refresh`` sets the timestamps of live entries to ``now``
-    (``OnReadAndWrite``). ``values`` is a list (``out_type`` COL_LIST), absent
-    rows holding ``default``, or an int64 / float64 array (COL_INT64,
-    COL_FLOAT64) made from int / float states, absent rows holding ``default``
-    (None: NaN for float64, ``ValueError`` for int64). A state numpy cannot
-    convert raises its error; the reads are done by then. O(len(keys)).
+    (``OnReadAndWrite``). With ``peek`` nothing changes: expired entries stay
+    (status 2) and nothing is refreshed. ``values`` is a list (``out_type``
+    COL_LIST), absent rows holding ``default``, or an int64 / float64 array
+    (COL_INT64, COL_FLOAT64), absent rows holding ``default`` (None: NaN for
+    float64, ``ValueError`` for int64). An int64 array takes integer states
+    only and a float64 array numbers only: another state is a ``TypeError``
+    naming its key, raised once the reads are done. O(len(keys)).
     """
     import numpy as np
     cdef _Column col = _Column()
@@ -129,6 +143,7 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
     col.c.now = c_now
     col.c.ttl = c_ttl
     col.c.refresh = 1 if refresh else 0
+    col.c.peek = 1 if peek else 0
     col.c.out = out
     col.c.status = &st[0] if n else NULL
     cdef PyObject *s
@@ -170,8 +185,10 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                     iv[i] = cm_as_int64(s, &overflow)
                     if overflow:
                         values[i] = <object>s  # numpy's OverflowError
-                else:
+                elif PyIndex_Check(<object>s):  # numpy's integer scalars
                     values[i] = <object>s
+                else:
+                    raise _not_numeric(col, i, <object>s, "an int", "int64")
             return values, status
         if out_type == COL_FLOAT64:
             values = np.empty(n, dtype=np.float64)
@@ -183,8 +200,10 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                     values[i] = dflt
                 elif _is_exact_float(s):
                     fv[i] = _float_value(s)
-                else:
+                elif isinstance(<object>s, (int, float)) or PyIndex_Check(<object>s) or _is_np_float(<object>s):
                     values[i] = <object>s
+                else:
+                    raise _not_numeric(col, i, <object>s, "a number", "float64")
             return values, status
         raise ValueError(f"out_type must be COL_LIST, COL_INT64 or COL_FLOAT64, got {out_type}")
     finally:
@@ -278,3 +297,61 @@ def column_missing(list maps not None, kgs):
     finally:
         PyMem_Free(seen)
     return out
+
+
+def column_groups(keys):
+    """The rows of a column grouped by key, groups numbered in the order their
+    keys first appear: ``(first, group)``, ``first[g]`` the row where group
+    ``g``'s key first appears (an intp array), ``group[i]`` the group of row
+    ``i`` (an intp array). ``keys`` is an int64 array (hashed in C, equal
+    values grouped) or a tuple (grouped as dict keys: by ``==``). O(len(keys)).
+    """
+    import numpy as np
+    cdef Py_ssize_t i, n, g = 0, slot
+    cdef const int64_t[::1] k
+    cdef Py_ssize_t[::1] grp
+    cdef Py_ssize_t[::1] fst
+    cdef Py_ssize_t *table = NULL
+    cdef size_t cap, mask
+    cdef uint64_t h
+    if type(keys) is tuple:
+        n = len(<tuple>keys)
+        group = np.empty(n, dtype=np.intp)
+        grp = group
+        seen = {}
+        firsts = []
+        for i in range(n):
+            key = (<tuple>keys)[i]
+            j = seen.get(key, -1)
+            if j == -1:
+                j = seen[key] = len(firsts)
+                firsts.append(i)
+            grp[i] = j
+        return np.array(firsts, dtype=np.intp), group
+    k = keys
+    n = k.shape[0]
+    group = np.empty(n, dtype=np.intp)
+    first = np.empty(n, dtype=np.intp)
+    grp = group
+    fst = first
+    cap = 16
+    while cap < 2 * <size_t>n:
+        cap <<= 1
+    mask = cap - 1
+    table = <Py_ssize_t *>PyMem_Calloc(cap, sizeof(Py_ssize_t))  # group + 1; 0 = empty
+    if table == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            h = <uint64_t>k[i] * 0x9E3779B97F4A7C15ULL
+            slot = <Py_ssize_t>((h >> 32) & mask)
+            while table[slot] and k[fst[table[slot] - 1]] != k[i]:
+                slot = (slot + 1) & mask
+            if not table[slot]:
+                fst[g] = i
+                g += 1
+                table[slot] = g
+            grp[i] = table[slot] - 1
+    finally:
+        PyMem_Free(table)
+    return first[:g], group

@@ -103,6 +103,7 @@ cdef extern from "cowmap_core.h":
         int64_t now
         int64_t ttl
         int refresh
+        int peek
         PyObject **out
         uint8_t *status
         PyObject *const *states

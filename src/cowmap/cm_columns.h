@@ -38,6 +38,7 @@ typedef struct {
      * with CM_ROW_EXPIRED; refresh: a live entry's ts is set to now */
     int64_t now, ttl;
     int refresh;
+    int peek;               /* GET: expired entries stay (CM_ROW_EXPIRED, state returned), no refresh */
     PyObject **out;         /* GET: a new reference per row found, NULL where absent */
     uint8_t *status;        /* GET: CM_ROW_*; CONTAINS: 0/1 */
     /* PUT: states[i] (borrowed) is written with ts; NULL or None = remove the row's key */
@@ -47,8 +48,8 @@ typedef struct {
     int64_t ts;
 } cm_col;
 
-#define CM_CD 24u   /* rows between prefetching a row's slot and running it */
-#define CM_CR 32u   /* ring of row hashes, a power of two > CM_CD */
+#define CM_CD 48u   /* rows between prefetching a row's slot and running it */
+#define CM_CR 64u   /* ring of row hashes, a power of two > CM_CD */
 
 /* The probe of row i: int64 keys are made on the spot, object keys were made
  * by cm_col_probes. */
@@ -148,7 +149,11 @@ static int cm_col_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t 
     if (!loc.found) { c->status[i] = CM_ROW_ABSENT; return 0; }
     cm_entry *e = cm_E(m, loc.idx);
     PyObject *s;
-    if (c->ttl > 0 && cm_expired(e->ts, c->ttl, c->now)) {
+    if (c->ttl > 0 && c->peek) {
+        /* a look at the state and its expiry, changing nothing (Flink's getUnexpired) */
+        if (!(s = cm_read_state(m, p, &loc))) return -1;
+        c->status[i] = cm_expired(e->ts, c->ttl, c->now) ? CM_ROW_EXPIRED : CM_ROW_LIVE;
+    } else if (c->ttl > 0 && cm_expired(e->ts, c->ttl, c->now)) {
         /* the value's read of an expired entry: removed, its state handed back */
         if (!(s = cm_old_state(m, e))) return -1;
         if (cm_unlink(m, loc.t, p->hash & (loc.t->capacity - 1u), loc.idx, loc.prev) < 0) {
@@ -162,6 +167,187 @@ static int cm_col_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t 
         c->status[i] = CM_ROW_LIVE;
     }
     c->out[i] = s;
+    return 0;
+}
+
+/* A row of the fast read in flight: its map, hash and key, then its slot,
+ * then its head entry. */
+typedef struct {
+    cm_map *m;              /* NULL: the row has no map, or its map goes the general way */
+    const uint32_t *slot;
+    const cm_entry *head;
+    uint32_t h;
+    int64_t k;
+} cm_crow;
+
+/* Whether the fast read can take rows of map m: nothing of it can move or be
+ * copied by a read (no rehash running; no copy-on-read, which a copier and a
+ * live snapshot would make). */
+static inline int cm_col_fast_map(const cm_map *m) {
+    return !m->rehash.capacity && !(m->copier && m->required);
+}
+
+/* Pipelined int64 GET over all rows, for maps that nothing can move during
+ * it: the pipeline of cm_batch_read_run, across maps. Each row's slot address
+ * and head entry are found once and carried down the ring. A row it cannot
+ * finish (an expired entry to remove, a refresh of an entry shared with a
+ * snapshot, a map that is rehashing or copies on read) stops its map: that
+ * row and every later row of the map are left to the general pass (slow[kg]
+ * = 1, and the row's status CM_ROW_SLOW), so each map's rows still run in
+ * order. Changes nothing but the timestamps a refresh writes. */
+#define CM_ROW_SLOW 3
+static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
+    const Py_ssize_t n = c->n;
+    const uint32_t nsmix = cm_fmix32(cm_fold(hn));
+    const int ttl = c->ttl > 0;
+    cm_crow ring[CM_CR];
+    cm_probe p;
+    p.key = NULL; p.is_int = 1; p.ns = c->ns;
+    for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
+        if (i < n) {
+            cm_crow *r = &ring[i & (CM_CR - 1u)];
+            int32_t kg = c->kgs[i];
+            cm_map *m = c->maps[kg];
+            r->k = c->ikeys[i];
+            r->h = cm_mix(cm_int_hash(r->k), nsmix);
+            r->slot = NULL;
+            r->m = m && !slow[kg] && cm_col_fast_map(m) ? m : NULL;
+            if (r->m) {
+                const cm_table *t = &m->primary;
+                uint32_t b = r->h & (t->capacity - 1u);
+                const cm_page *pg = t->pages[b >> t->page_shift];
+                if (pg) {
+                    r->slot = &pg->slots[b & ((1u << t->page_shift) - 1u)];
+                    CM_PREFETCH(r->slot);
+                }
+            }
+        }
+        Py_ssize_t j = i - (Py_ssize_t)(CM_CD / 3);
+        if (j >= 0 && j < n) {
+            cm_crow *r = &ring[j & (CM_CR - 1u)];
+            uint32_t e = r->slot ? *r->slot : 0u;
+            r->head = e ? cm_E(r->m, e) : NULL;
+            if (e) {
+                CM_PREFETCH(r->head);
+                CM_PREFETCH((const char *)r->head + offsetof(cm_entry, ts) + sizeof(int64_t) - 1);
+            }
+        }
+        j = i - (Py_ssize_t)(2 * CM_CD / 3);
+        if (j >= 0 && j < n) {
+            const cm_crow *r = &ring[j & (CM_CR - 1u)];
+            const cm_entry *x = r->head;
+            if (x && !cm_hash_is(x, r->h) && x->next) cm_prefetch_hot(r->m, x->next);
+        }
+        j = i - (Py_ssize_t)CM_CD;
+        if (j < 0) continue;
+        const cm_crow *r = &ring[j & (CM_CR - 1u)];
+        int32_t kg = c->kgs[j];
+        if (!r->m) {
+            if (!c->maps[kg]) { c->status[j] = CM_ROW_ABSENT; continue; }
+            slow[kg] = 1;
+            c->status[j] = CM_ROW_SLOW;
+            continue;
+        }
+        if (slow[kg]) { c->status[j] = CM_ROW_SLOW; continue; }
+        cm_entry *hit = NULL;
+        p.ikey = r->k; p.hash = r->h;
+        for (const cm_entry *x = r->head; x; x = x->next ? cm_E(r->m, x->next) : NULL) {
+            int eq = cm_match(x, &p);
+            if (eq < 0) return -1;
+            if (eq) { hit = (cm_entry *)x; break; }
+        }
+        if (!hit) { c->status[j] = CM_ROW_ABSENT; continue; }
+        if (ttl && cm_expired(hit->ts, c->ttl, c->now)) {
+            if (!c->peek) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
+            c->status[j] = CM_ROW_EXPIRED;
+        } else {
+            if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
+                if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
+                hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
+            }
+            c->status[j] = CM_ROW_LIVE;
+        }
+        Py_INCREF(hit->state);
+        c->out[j] = hit->state;
+    }
+    return 0;
+}
+
+/* Whether the fast write can take rows of map m: no rehash running and no
+ * live snapshot (whose copy-on-write the general pass does). */
+static inline int cm_col_fast_write_map(const cm_map *m) {
+    return !m->rehash.capacity && !m->required;
+}
+
+/* Pipelined int64 PUT over all rows, the pipeline of cm_batch_fast_run across
+ * maps: slots prefetched CM_CD rows ahead, head entries CM_CD/3 later, the
+ * chain's next entry another CM_CD/3 later; each row is then resolved afresh
+ * (its slot and chain read again), so entries added by earlier rows are seen.
+ * A row it cannot do (a None state: a removal; a map rehashing, or that
+ * starts to on an insert, or has a live snapshot) stops its map as in
+ * cm_col_read_fast: it and every later row of the map go to the general pass
+ * (status CM_ROW_SLOW). */
+static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
+    const Py_ssize_t n = c->n;
+    const uint32_t nsmix = cm_fmix32(cm_fold(hn));
+    cm_crow ring[CM_CR];
+    cm_probe p;
+    p.key = NULL; p.is_int = 1; p.ns = c->ns;
+    for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
+        if (i < n) {
+            cm_crow *r = &ring[i & (CM_CR - 1u)];
+            int32_t kg = c->kgs[i];
+            cm_map *m = c->maps[kg];
+            r->k = c->ikeys[i];
+            r->h = cm_mix(cm_int_hash(r->k), nsmix);
+            r->m = m && !slow[kg] && cm_col_fast_write_map(m) ? m : NULL;
+            r->slot = NULL;
+            if (r->m) {
+                const uint32_t *slot = cm_slot_at(m, r->h);
+                if (slot) { CM_PREFETCH(slot); r->slot = slot; }
+            }
+        }
+        Py_ssize_t j = i - (Py_ssize_t)(CM_CD / 3);
+        if (j >= 0 && j < n) {
+            cm_crow *r = &ring[j & (CM_CR - 1u)];
+            uint32_t e = r->slot ? *r->slot : 0u; /* a hint: an insert may have changed it */
+            r->head = e ? cm_E(r->m, e) : NULL;
+            if (e) cm_prefetch_entry(r->m, e);
+        }
+        j = i - (Py_ssize_t)(2 * CM_CD / 3);
+        if (j >= 0 && j < n) {
+            const cm_crow *r = &ring[j & (CM_CR - 1u)];
+            const cm_entry *x = r->head;
+            if (x && !cm_hash_is(x, r->h) && x->next) cm_prefetch_entry(r->m, x->next);
+        }
+        j = i - (Py_ssize_t)CM_CD;
+        if (j < 0) continue;
+        const cm_crow *r = &ring[j & (CM_CR - 1u)];
+        int32_t kg = c->kgs[j];
+        cm_map *m = r->m;
+        if (!m || slow[kg] || !cm_col_fast_write_map(m) || (c->states && (!c->states[j] || c->states[j] == Py_None))) {
+            slow[kg] = 1;
+            c->status[j] = CM_ROW_SLOW;
+            continue;
+        }
+        /* resolve afresh: the pipeline's slot and head were hints */
+        const cm_table *t = &m->primary;
+        uint32_t b = r->h & (t->capacity - 1u);
+        const cm_page *pg = t->pages[b >> t->page_shift];
+        uint32_t e = pg ? pg->slots[b & ((1u << t->page_shift) - 1u)] : 0u;
+        uint32_t hit = 0;
+        p.ikey = r->k; p.hash = r->h;
+        for (; e; e = cm_E(m, e)->next) {
+            int eq = cm_match(cm_E(m, e), &p);
+            if (eq < 0) return -1;
+            if (eq) { hit = e; break; }
+        }
+        PyObject *st = cm_col_state(c, j);
+        if (!st) return -1;
+        if (!hit && !(hit = cm_add_entry(m, &p, &m->primary))) { cm_grave(m, st); return -1; }
+        cm_set_state(m, hit, st, c->ts);
+        if (m->rehash.capacity) slow[kg] = 1; /* the insert started a rehash: later rows go the general way */
+    }
     return 0;
 }
 
@@ -199,14 +385,36 @@ static int cm_col_run(cm_col *c) {
     if (!probes && !c->ikeys) return -1;
     uint32_t *rows = PyMem_Calloc((size_t)(c->nmaps ? c->nmaps : 1), sizeof(uint32_t));
     if (!rows) { PyMem_Free(probes); PyErr_NoMemory(); return -1; }
-    int r = -1;
+    int r = -1, own_status = 0;
+    uint8_t *slow = NULL;
     if (cm_col_enter(c, rows) < 0) goto out;
     uint32_t ring[CM_CR];
     for (Py_ssize_t j = 0; j < c->n && j < (Py_ssize_t)CM_CD; j++)
         ring[j] = c->ikeys ? cm_composite(cm_int_hash(c->ikeys[j]), hn) : probes[j].hash;
+    /* int64 reads: the fast pass first, then the rows it left, in order */
+    int fast = !COWMAP_PLAIN_BATCH && (c->op == CM_COL_GET || c->op == CM_COL_PUT) && c->ikeys;
+    if (fast) {
+        slow = PyMem_Calloc((size_t)(c->nmaps ? c->nmaps : 1), 1);
+        if (!slow) { PyErr_NoMemory(); cm_col_leave(c, rows); goto out; }
+        if (c->op == CM_COL_PUT && !c->status) {
+            /* the put pass marks the rows it leaves in a status array of its own */
+            c->status = PyMem_Calloc((size_t)(c->n ? c->n : 1), 1);
+            if (!c->status) { PyErr_NoMemory(); cm_col_leave(c, rows); goto out; }
+            own_status = 1;
+        }
+        if ((c->op == CM_COL_GET ? cm_col_read_fast(c, hn, slow) : cm_col_put_fast(c, hn, slow)) < 0) {
+            cm_col_leave(c, rows);
+            goto out;
+        }
+    }
     Py_ssize_t i;
     for (i = 0; i < c->n; i++) {
-        if (!COWMAP_PLAIN_BATCH) cm_col_hints(c, probes, hn, ring, i);
+        if (fast) {
+            if (c->status[i] != CM_ROW_SLOW) continue;
+            c->status[i] = CM_ROW_ABSENT;
+        } else if (!COWMAP_PLAIN_BATCH) {
+            cm_col_hints(c, probes, hn, ring, i);
+        }
         cm_map *m = c->maps[c->kgs[i]];
         if (!m) { /* no map: nothing to read or remove (writes make their maps first) */
             if (c->status) c->status[i] = 0;
@@ -222,6 +430,8 @@ static int cm_col_run(cm_col *c) {
     r = i == c->n ? 0 : -1;
     cm_col_leave(c, rows);
 out:
+    if (own_status) { PyMem_Free(c->status); c->status = NULL; }
+    PyMem_Free(slow);
     PyMem_Free(rows);
     PyMem_Free(probes);
     return r;

@@ -33,9 +33,9 @@ import cowmap._core
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
-#: the test files that call the batch ops or the multi-map calls, directly or through the
-#: async state layer's batches (test_block_alloc.py, which fills maps with put_many only to
-#: exercise the allocator, is left out)
+#: the test files that call the batch ops, the multi-map calls or the column calls, directly
+#: or through the async state layer's batches and the columnar state calls
+#: (test_block_alloc.py, which fills maps with put_many only to exercise the allocator, is left out)
 BATCH_TEST_FILES = [
     "tests/core/test_map_batch.py",
     "tests/core/test_map_basic.py",
@@ -48,6 +48,9 @@ BATCH_TEST_FILES = [
     "tests/core/test_map_statemachine.py",
     "tests/asyncstate/test_hardening.py",
     "tests/asyncstate/test_controller.py",
+    "tests/core/test_map_columns.py",
+    "tests/state/test_columns_value.py",
+    "tests/state/test_columns_kinds.py",
 ]
 
 #: the extension modules other than _core: COWMAP_PLAIN_BATCH does not touch them, so the

@@ -206,3 +206,36 @@ def test_a_ufunc_reduce_function_is_called_as_it_is() -> None:
         s.add(v)
         f.add(v)
     assert s.get() == 5 and f.get() == 6
+
+
+@pytest.mark.parametrize("fn", [np.add, np.minimum, np.maximum, operator.add])
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_ufunc_reducing_folds_as_the_loop(fn: Any, data: Any) -> None:
+    """The numpy fold of add_many gives the loop's values bit for bit: floats
+    summed in row order onto the stored value, ints and floats mixed."""
+    cfg = data.draw(ttl_configs())
+    pair = Pair(lambda: ReducingStateDescriptor("s", fn), cfg, "get_reducing_state")
+    floats = st.floats(-1e6, 1e6, allow_nan=False, width=64)
+    for _ in range(data.draw(st.integers(1, 6))):
+        ks = data.draw(st.lists(small_keys, max_size=12))
+        n = len(ks)
+        if data.draw(st.booleans()):
+            vs = np.array(data.draw(st.lists(floats, min_size=n, max_size=n)), dtype=np.float64)
+        else:
+            vs = np.array(data.draw(st.lists(st.integers(-(2**40), 2**40), min_size=n, max_size=n)), dtype=np.int64)
+        ns = data.draw(st.one_of(st.none(), namespaces))
+        pair.col_state.add_many(np.array(ks, dtype=np.int64), vs, namespace=ns)
+        pair.loop_rows(ks, lambda i, vs=vs: pair.loop_state.add(vs.tolist()[i]), ns)
+        a, b = live_entries(pair, "s", "reducing")
+        assert a == b
+        pair.now += data.draw(st.integers(0, 15))
+
+
+def test_reducing_int_fold_that_could_leave_int64_adds_row_by_row() -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_reducing_state(ReducingStateDescriptor("s", operator.add))
+    big = 2**62
+    s.add_many(np.array([1, 1, 1]), np.array([big, big, big], dtype=np.int64))
+    b.set_current_key(1)
+    assert s.get() == 3 * big  # Python ints, as the loop's operator.add makes them

@@ -4,7 +4,8 @@ Scenarios: ``ttl`` (default) -- ValueState keyed by (group, user) vs MapState ke
 TTL off / default cleanup / cleanup every record, swept over entries per key at a fixed total
 state size, optionally side by side with Flink's heap backend (``--with-flink``); ``core`` --
 the compiled map's get/put/snapshot vs a dict; ``snapshot`` -- snapshot start and write time vs
-state size with updates running.
+state size with updates running; ``columnar`` -- a pandas UDF's batches (1M rows over 200k keys in
+calls of 10k) through the columnar state calls vs the per-record loop vs a pandas Series.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-SCENARIOS = ("ttl", "core", "snapshot")
+SCENARIOS = ("ttl", "core", "snapshot", "columnar")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -47,7 +48,8 @@ def _parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", nargs="?", default="ttl", choices=SCENARIOS,
                    help="what to measure (default: ttl; core = map get/put/snapshot vs dict; "
-                        "snapshot = snapshot start/write vs state size)")
+                        "snapshot = snapshot start/write vs state size; columnar = batch calls vs "
+                        "loop vs pandas)")
     g = p.add_argument_group("ttl scenario")
     g.add_argument("--groups", type=int, default=None,
                    help=f"groups (default {d.groups}; --full: 1,000); total state = groups x users-per-group")
@@ -79,8 +81,40 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--n", type=int, default=None, help="core: number of keys (default 1,000,000)")
     c.add_argument("--sizes", type=_int_list, default=(10_000, 100_000, 1_000_000),
                    help="snapshot: state sizes (default 10000,100000,1000000)")
+    k = p.add_argument_group("columnar scenario")
+    k.add_argument("--cases", type=_names(_columnar_cases()), default=_columnar_cases(),
+                   help="some of " + ",".join(_columnar_cases()) + " (default all)")
+    k.add_argument("--rows", type=int, default=None, help="columnar: rows per round (default 1,000,000)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats; the median is shown (default 5)")
     return p
+
+
+def _columnar_cases() -> tuple[str, ...]:
+    from cowmap.bench.columnar import CASES
+
+    return CASES
+
+
+def _main_columnar(parser: argparse.ArgumentParser, args: argparse.Namespace, repeats: int) -> int:
+    from cowmap.bench import columnar, report
+
+    rows = args.rows if args.rows is not None else columnar.ROWS
+    if rows < columnar.CALL:
+        parser.error(f"--rows must be >= {columnar.CALL:,}")
+    print(f"cowmap columnar benchmark: {rows:,} rows over {columnar.KEYS:,} keys in calls of "
+          f"{columnar.CALL:,}; per-record loop on {columnar.LOOP_ROWS:,} rows; median of {repeats} rounds")
+    res = columnar.run_columnar(args.cases, repeats, rows,
+                                progress=None if args.no_progress else lambda n: print(f"  done: {n}", flush=True))
+    columnar.print_columnar(res)
+    if args.out:
+        report.write_json(args.out, {"scenario": "columnar", "format": 1, "rows": res,
+                                     "machine": {"python": platform.python_version(),
+                                                 "platform": platform.platform(), "cpus": _cpus()}})
+        print(f"wrote {args.out}")
+    if args.plot:
+        why = columnar.plot_columnar(res, args.plot)
+        print(why if why else f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cowmap core benchmark: {n:,} random int64 keys, median of {repeats} runs")
         print_rows(run_core(n, repeats))
         return 0
+    if args.scenario == "columnar":
+        return _main_columnar(parser, args, repeats)
     if args.n is not None:
         parser.error("--n is for the core scenario (ttl: --records, --groups, --users-per-group)")
     if args.scenario == "snapshot":

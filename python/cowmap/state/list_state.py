@@ -15,7 +15,6 @@ from typing import Any
 
 from cowmap._core import StateMapSnapshot
 from cowmap.state.async_methods import AsyncListMethods
-from cowmap.state.columns import value_list
 from cowmap.state.table import State, StateTable
 from cowmap.state.ttl import expired
 
@@ -129,6 +128,8 @@ class ListState(AsyncListMethods, State):
         order, without changing the current key. ``ValueError`` for a None value
         or columns of different lengths, before anything is written.
         O(len(keys))."""
+        from cowmap.state.columns import value_list
+
         ks, kgs, ns = self._column(keys, namespace)
         vs = value_list(values, len(kgs))
         for i, v in enumerate(vs):

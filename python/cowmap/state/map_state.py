@@ -13,12 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
-
 from cowmap._core import EXPIRED, NO_TIMESTAMP, FlatStateMap, multi_get, multi_replace
 from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncMapMethods
-from cowmap.state.columns import typed, value_list
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
 from cowmap.state.user_map import NONE_VALUE, NS_MARKER, KeyGroupUserMap, make_ctx
 
@@ -263,6 +260,8 @@ class MapState(AsyncMapMethods, State):
     def _user_keys(self, user_keys: Any, n: int) -> list[Any]:
         """The user-key column for ``n`` rows, each checked (not None, hashable)
         before anything is written."""
+        from cowmap.state.columns import value_list
+
         uks = value_list(user_keys, n, "user_keys")
         for i, uk in enumerate(uks):
             if uk is None:
@@ -275,32 +274,83 @@ class MapState(AsyncMapMethods, State):
                 ) from None
         return uks
 
+    def _column_ctxs(self, ks: Any, ns: Any) -> tuple[list[Any], list[Any]]:
+        """A checked column's keys as a list, and the core namespace of each row."""
+        keys = ks.tolist() if hasattr(ks, "tolist") else list(ks)  # an int64 array, or a tuple
+        if ns is VOID_NAMESPACE:
+            return keys, keys
+        return keys, [(k, ns, NS_MARKER) for k in keys]
+
+    def _column_lookup(self, ks: Any, kgs: Any, ns: Any, uks: list[Any]) -> list[Any]:
+        """``_lookup`` of every row in one multi-map call: the stored values, with
+        ``_ABSENT`` where absent or hidden, TTL handled as the loop does (an
+        expired entry is removed by its first row, returned once if the state
+        returns expired values; a later row of it finds it absent)."""
+        t = self._t
+        keys, ctxs = self._column_ctxs(ks, ns)
+        groups = kgs.tolist()
+        if not t.ttl:
+            out = multi_get(t.maps, groups, uks, ctxs)
+        else:
+            out = multi_get(t.maps, groups, uks, ctxs, self._kc.now(), t.ttl, t.update_on_read)
+            for i in positions(out, EXPIRED):
+                v = t.maps[groups[i]].remove_and_get_old(uks[i], ctxs[i])
+                if v is not None:  # else an earlier row of this entry removed it
+                    t.users[groups[i]].unlink(ctxs[i], uks[i])
+                out[i] = v if t.return_expired else None
+        replace_all(out, None, _ABSENT)
+        return replace_all(out, NONE_VALUE, None)
+
     def get_many(
         self, keys: Any, user_keys: Any, *, namespace: Any = None, dtype: Any = None, default: Any = None
     ) -> Any:
         """``get(user_key)`` for every row of the columns ``keys`` and
         ``user_keys``, in order, without changing the current key: a list, or
         with ``dtype`` (int64 or float64) a numpy array, an absent entry reading
-        as ``default`` (None: NaN for float64, ``ValueError`` for int64).
-        O(len(keys))."""
+        as ``default`` (None: NaN for float64, ``ValueError`` for int64). One
+        multi-map core call. O(len(keys))."""
         ks, kgs, ns = self._column(keys, namespace)
         uks = self._user_keys(user_keys, len(kgs))
-        return typed(self._each_row(ks, kgs, ns, lambda i: self.get(uks[i])), dtype, default, ks)
+        out = replace_all(self._column_lookup(ks, kgs, ns, uks), _ABSENT, None)
+        self._column_ticks(len(kgs))
+        from cowmap.state.columns import typed
+
+        return typed(out, dtype, default, ks)
 
     def contains_many(self, keys: Any, user_keys: Any, *, namespace: Any = None) -> Any:
-        """``contains(user_key)`` for every row, in order: a numpy bool array. O(len(keys))."""
+        """``contains(user_key)`` for every row, in order: a numpy bool array.
+        One multi-map core call. O(len(keys))."""
         ks, kgs, ns = self._column(keys, namespace)
         uks = self._user_keys(user_keys, len(kgs))
-        return np.array(self._each_row(ks, kgs, ns, lambda i: self.contains(uks[i])), dtype=np.bool_)
+        out = self._column_lookup(ks, kgs, ns, uks)
+        self._column_ticks(len(kgs))
+        import numpy as np
+
+        found = np.ones(len(out), dtype=np.bool_)
+        found[positions(out, _ABSENT)] = False
+        return found
 
     def put_many(self, keys: Any, user_keys: Any, values: Any, *, namespace: Any = None) -> None:
         """``put(user_key, value)`` for every row, in order, without changing the
-        current key. ``ValueError``/``TypeError`` for columns of different lengths
-        or a None or unhashable user key, before anything is written. O(len(keys))."""
+        current key: existing user keys are replaced in one multi-map core call,
+        new ones inserted (and linked) row by row. ``ValueError``/``TypeError``
+        for columns of different lengths or a None or unhashable user key,
+        before anything is written. O(len(keys))."""
         ks, kgs, ns = self._column(keys, namespace)
         uks = self._user_keys(user_keys, len(kgs))
+        from cowmap.state.columns import value_list
+
         vs = value_list(values, len(kgs))
-        self._each_row(ks, kgs, ns, lambda i: self.put(uks[i], vs[i]))
+        t = self._t
+        maps = self._column_maps(kgs)
+        keys_l, ctxs = self._column_ctxs(ks, ns)
+        groups = kgs.tolist()
+        ts = self._kc.now() if t.ttl else NO_TIMESTAMP
+        done = multi_replace(maps, groups, uks, ctxs, replace_all(vs.copy(), None, NONE_VALUE), ts)
+        users = t.users
+        for i in positions(done, False):  # new user keys, in row order: insert and link them
+            users[groups[i]].insert(ctxs[i], uks[i], vs[i], ts)
+        self._column_ticks(len(kgs))
 
     def remove_many(self, keys: Any, user_keys: Any, *, namespace: Any = None) -> None:
         """``remove(user_key)`` for every row, in order. O(len(keys))."""

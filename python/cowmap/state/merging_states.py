@@ -8,17 +8,38 @@ accumulator is dropped, not merged, unless the visibility is
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cowmap._core import EXPIRED, CopyOnWriteStateMap
+from cowmap._core import (
+    COL_FLOAT64,
+    COL_INT64,
+    EXPIRED,
+    NO_TIMESTAMP,
+    CopyOnWriteStateMap,
+    column_get,
+    column_groups,
+    column_put,
+)
 from cowmap.state.async_methods import AsyncMergingMethods
-from cowmap.state.columns import typed, value_list
 from cowmap.state.table import State, StateTable
 
 __all__ = ["AggregatingState", "AggregatingTable", "ReducingState", "ReducingTable"]
 
 _ABSENT = object()
+
+
+def _ufunc_of(fn: Any) -> Any:
+    """The numpy ufunc a reduce function is, for ``add_many`` to fold a column
+    with: np.add (or operator.add), np.minimum, np.maximum; else None."""
+    import numpy as np
+
+    if fn is operator.add or fn is np.add:
+        return np.add
+    if fn is np.minimum or fn is np.maximum:
+        return fn
+    return None
 
 
 class _MergingState(AsyncMergingMethods, State):
@@ -78,6 +99,8 @@ class _MergingState(AsyncMergingMethods, State):
         numpy array, a key with nothing stored reading as ``default`` (None: NaN
         for float64, ``ValueError`` for int64). O(len(keys))."""
         ks, kgs, ns = self._column(keys, namespace)
+        from cowmap.state.columns import typed
+
         out = self._each_row(ks, kgs, ns, lambda i: self.get())
         return typed(out, dtype, default, ks)
 
@@ -86,6 +109,8 @@ class _MergingState(AsyncMergingMethods, State):
         order, without changing the current key. ``ValueError`` for columns of
         different lengths (and, for a ``ReducingState``, a None value) before
         anything is written. O(len(keys)) calls of the state's function."""
+        from cowmap.state.columns import value_list
+
         ks, kgs, ns = self._column(keys, namespace)
         vs = value_list(values, len(kgs))
         self._check_values(vs)
@@ -241,6 +266,62 @@ class ReducingState(_MergingState):
         for i, v in enumerate(vs):
             if v is None:
                 raise ValueError(f"values[{i}] is None: cannot add None to a ReducingState; nothing was written")
+
+    def add_many(self, keys: Any, values: Any, *, namespace: Any = None) -> None:
+        """``add(v)`` for every row of the columns ``keys`` and ``values``, in
+        order, without changing the current key; ``ValueError`` for a None value
+        or columns of different lengths, before anything is written.
+
+        With ``np.add``, ``np.minimum``, ``np.maximum`` or ``operator.add`` as
+        the reduce function and an integer or float column, the column is
+        reduced per key in numpy first, each key's rows folded in row order onto
+        its stored value (so float sums round as the loop's do), and every key
+        is then read and written once: a few C passes. Otherwise one ``add`` per
+        row. O(len(keys))."""
+        import numpy as np
+
+        from cowmap.state.columns import value_column
+
+        ks, kgs, ns = self._column(keys, namespace)
+        n = len(kgs)
+        vs = value_column(values, n)
+        fold = _ufunc_of(self._t.descriptor.reduce_function)
+        if fold is not None and isinstance(vs, np.ndarray) and self._fold_column(fold, ks, kgs, ns, vs):
+            self._column_ticks(n)
+            return
+        vals = vs.tolist() if isinstance(vs, np.ndarray) else list(vs)
+        self._check_values(vals)
+        self._each_row(ks, kgs, ns, lambda i: self.add(vals[i]))
+
+    def _fold_column(self, fold: Any, ks: Any, kgs: Any, ns: Any, vs: Any) -> bool:
+        """``add_many`` through numpy: False, with nothing changed, when a stored
+        value does not suit (not a number of the column's kind, or an int sum
+        that could leave int64), for the caller to add row by row."""
+        import numpy as np
+
+        t = self._t
+        first, group = column_groups(ks)
+        gkeys = ks[first] if isinstance(ks, np.ndarray) else tuple(ks[i] for i in first.tolist())
+        gkgs = np.ascontiguousarray(kgs[first])
+        code = COL_INT64 if vs.dtype.kind == "i" else COL_FLOAT64
+        now = self._kc.now() if t.ttl else 0
+        try:  # Flink's getUnexpired per key: nothing refreshed or removed
+            prev, status = column_get(t.maps, gkgs, gkeys, ns, now, t.ttl, False, 0, t.return_expired, code, True)
+        except (TypeError, OverflowError):
+            return False
+        usable = (status == 1) | (status == 2) if t.return_expired else status == 1
+        if code == COL_INT64 and fold is np.add:
+            bound = float(np.abs(vs.astype(np.float64)).sum())
+            if usable.any():
+                bound += float(np.abs(prev[usable].astype(np.float64)).max())
+            if bound >= 2.0**62:
+                return False
+        acc = np.where(usable, prev, vs[first])
+        apply = np.ones(len(vs), dtype=np.bool_)
+        apply[first[~usable]] = False  # a key with nothing usable starts from its first row
+        fold.at(acc, group[apply], vs[apply])
+        column_put(self._column_maps(gkgs), gkgs, gkeys, ns, acc, now if t.ttl else NO_TIMESTAMP)
+        return True
 
     def _merge_function(self) -> Callable[[Any, Any], Any]:
         return self._t.descriptor.reduce_function

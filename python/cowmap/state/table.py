@@ -10,12 +10,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from cowmap._context import KeyContext, StateView
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing
 from cowmap._keygroups import column_key_groups
-from cowmap.state.columns import key_column
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.ttl import StateVisibility, UpdateType, expired
 
@@ -321,6 +318,8 @@ class State(StateView):
         groups (``ValueError`` for one outside the backend's range, ``TypeError``
         for a key with no stable hash) and ``namespace``, the view's current one
         when None."""
+        from cowmap.state.columns import key_column  # numpy: loaded by the first columnar call
+
         ks = key_column(keys)
         kc = self._kc
         kgs = column_key_groups(ks, kc.max_parallelism, kc.lo, kc.hi)
@@ -340,7 +339,7 @@ class State(StateView):
         faster path."""
         kc = self._kc
         key0, kg0, ns0 = kc.key, kc.key_group, self._ns
-        keys = ks.tolist() if isinstance(ks, np.ndarray) else ks
+        keys = ks.tolist() if hasattr(ks, "tolist") else ks  # an int64 array, or a tuple
         groups = kgs.tolist()
         swap = namespace is not ns0
         if swap:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from cowmap._core import (
     COL_LIST,
     EXPIRED,
@@ -18,7 +16,6 @@ from cowmap._core import (
 )
 from cowmap._requests import positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncValueMethods
-from cowmap.state.columns import out_type, value_column
 from cowmap.state.table import State, StateTable
 
 __all__ = ["ValueState", "ValueTable"]
@@ -113,6 +110,10 @@ class ValueState(AsyncValueMethods, State):
         ``TypeError``/``ValueError`` for a bad key or one outside the backend's
         key-group range, before anything is read. O(len(keys)), a few C passes.
         """
+        import numpy as np
+
+        from cowmap.state.columns import out_type
+
         ks, kgs, ns = self._column(keys, namespace)
         t = self._t
         code = out_type(dtype)
@@ -137,6 +138,8 @@ class ValueState(AsyncValueMethods, State):
         ints and floats. ``ValueError`` for columns of different lengths, and
         for bad keys as :meth:`get_many`, before anything is written.
         O(len(keys)), a few C passes."""
+        from cowmap.state.columns import value_column
+
         ks, kgs, ns = self._column(keys, namespace)
         vs = value_column(values, len(kgs))
         t = self._t

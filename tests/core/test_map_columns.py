@@ -1,0 +1,239 @@
+"""The column calls of the core (``column_get``/``column_put``/``column_remove``/
+``column_contains``) against the single ops of the map, row by row.
+
+A column spreads over many maps; its fast passes (int64 keys) leave a map to the
+general pass at the first row they cannot do (an expired entry, a rehash, a live
+snapshot, a None state), so every mix of those is compared with the plain loop:
+results, statuses, timestamps and every map's contents.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowmap._core import (
+    COL_FLOAT64,
+    COL_INT64,
+    COL_LIST,
+    EXPIRED,
+    NO_TIMESTAMP,
+    CopyOnWriteStateMap,
+    column_contains,
+    column_get,
+    column_groups,
+    column_missing,
+    column_put,
+    column_remove,
+)
+
+NMAPS = 5
+NS = "ns"
+
+
+def _maps(capacity: int) -> list[Any]:
+    maps: list[Any] = [CopyOnWriteStateMap(capacity=capacity, copier=lambda s: s) for _ in range(NMAPS - 1)]
+    return [*maps, None]  # the last key group has no map
+
+
+def _content(maps: list[Any]) -> list[Any]:
+    return [None if m is None else sorted(((repr(k), ns, s, ts) for k, ns, s, ts in _entries(m)), key=repr)
+            for m in maps]
+
+
+def _entries(m: CopyOnWriteStateMap) -> list[tuple[Any, ...]]:
+    with m.snapshot() as s:
+        return list(s.iter_with_timestamps())
+
+
+def loop_get(maps: list[Any], kgs: list[int], keys: list[Any], now: int, ttl: int, refresh: bool, peek: bool):
+    values, status = [], []
+    for kg, k in zip(kgs, keys):
+        m = maps[kg]
+        if m is None:
+            values.append(None)
+            status.append(0)
+            continue
+        if not ttl:
+            v = m.get(k, NS)
+            values.append(v)
+            status.append(0 if v is None else 1)
+        elif peek:
+            r = m.get_with_timestamp(k, NS)
+            if r is None:
+                values.append(None)
+                status.append(0)
+            else:
+                values.append(r[0])
+                status.append(2 if r[1] + ttl <= now else 1)
+        else:
+            v = m.get_unexpired(k, NS, now, ttl, refresh)
+            if v is EXPIRED:
+                values.append(m.remove_and_get_old(k, NS))
+                status.append(2)
+            else:
+                values.append(v)
+                status.append(0 if v is None else 1)
+    return values, status
+
+
+def loop_put(maps: list[Any], kgs: list[int], keys: list[Any], states: list[Any], ts: int) -> None:
+    for kg, k, s in zip(kgs, keys, states):
+        if s is None:
+            maps[kg].remove(k, NS)
+        else:
+            maps[kg].put(k, NS, s, ts)
+
+
+ops = st.sampled_from(["get", "get", "put", "put", "remove", "contains", "snap", "release", "tick"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    program=st.lists(
+        st.tuples(
+            ops,
+            st.lists(st.tuples(st.integers(0, NMAPS - 1), st.integers(0, 40), st.one_of(st.none(), st.integers(0, 9))),
+                     max_size=120),
+            st.booleans(),
+            st.integers(0, 7),
+        ),
+        max_size=12,
+    ),
+    ttl=st.sampled_from([0, 5]),
+    refresh=st.booleans(),
+    int_keys=st.booleans(),
+    capacity=st.sampled_from([4, 128]),
+)
+def test_columns_equal_the_single_ops(program: Any, ttl: int, refresh: bool, int_keys: bool, capacity: int) -> None:
+    col, loop = _maps(capacity), _maps(capacity)
+    snaps: list[Any] = []
+    now = 0
+    for op, rows, flag, dt in program:
+        kgs_l = [kg for kg, _, _ in rows]
+        keys_l = [k if int_keys else f"k{k}" for _, k, _ in rows]
+        kgs = np.array(kgs_l, dtype=np.int32)
+        keys: Any = np.array(keys_l, dtype=np.int64) if int_keys else tuple(keys_l)
+        if op == "get":
+            want_v, want_s = loop_get(loop, kgs_l, keys_l, now, ttl, refresh, flag)
+            got_v, got_s = column_get(col, kgs, keys, NS, now, ttl, refresh, None, True, COL_LIST, flag)
+            assert (got_v, got_s.tolist()) == (want_v, want_s)
+        elif op == "put":
+            states = [s for _, _, s in rows]
+            mask = kgs < NMAPS - 1  # writes need their maps: the last key group has none
+            keep = np.flatnonzero(mask).tolist()
+            ts = now if ttl else NO_TIMESTAMP
+            st_in: Any = (
+                np.array(states, dtype=np.int64)[mask] if flag and None not in states
+                else tuple(states[i] for i in keep)
+            )
+            column_put(col, kgs[mask], _sub(keys, mask), NS, st_in, ts)
+            loop_put(loop, [kgs_l[i] for i in keep], [keys_l[i] for i in keep], [states[i] for i in keep], ts)
+        elif op == "remove":
+            column_remove(col, kgs, keys, NS)
+            for kg, k in zip(kgs_l, keys_l):
+                if loop[kg] is not None:
+                    loop[kg].remove(k, NS)
+        elif op == "contains":
+            got = column_contains(col, kgs, keys, NS).tolist()
+            assert got == [loop[kg] is not None and loop[kg].contains_key(k, NS) for kg, k in zip(kgs_l, keys_l)]
+        elif op == "snap":
+            snaps.append([m.snapshot() if m is not None else None for m in col])
+        elif op == "release" and snaps:
+            for s in snaps.pop(dt % len(snaps)):
+                if s is not None:
+                    s.release()
+        else:
+            now += dt
+        assert _content(col) == _content(loop)
+        assert [None if m is None else m.capacity for m in col] == [None if m is None else m.capacity for m in loop]
+
+
+def _sub(keys: Any, mask: np.ndarray) -> Any:
+    return keys[mask] if isinstance(keys, np.ndarray) else tuple(k for k, m in zip(keys, mask.tolist()) if m)
+
+
+def test_big_column_through_rehash_expiry_and_snapshots() -> None:
+    """20,000 rows over 3 maps growing from capacity 4 (rehashes start mid-column),
+    half the entries expired, a snapshot live on one map: every path in one column."""
+    rng = np.random.default_rng(7)
+    col, loop = _maps(4), _maps(4)
+    for maps in (col, loop):
+        maps[3] = None
+    kgs = rng.integers(0, 3, 20_000).astype(np.int32)
+    keys = rng.integers(0, 6_000, 20_000)
+    vals = rng.integers(0, 100, 20_000)
+    column_put(col, kgs, keys, NS, vals, 0)
+    loop_put(loop, kgs.tolist(), keys.tolist(), vals.tolist(), 0)
+    assert _content(col) == _content(loop)
+    snaps = [col[1].snapshot(), loop[1].snapshot()]
+    kgs2 = rng.integers(0, 3, 20_000).astype(np.int32)
+    keys2 = rng.integers(0, 9_000, 20_000)
+    column_put(col, kgs2[:5000], keys2[:5000], NS, vals[:5000], 10)
+    loop_put(loop, kgs2[:5000].tolist(), keys2[:5000].tolist(), vals[:5000].tolist(), 10)
+    got = column_get(col, kgs2, keys2, NS, 12, 5, True, -1, False, COL_INT64)
+    want_v, want_s = loop_get(loop, kgs2.tolist(), keys2.tolist(), 12, 5, True, False)
+    assert got[1].tolist() == want_s
+    assert got[0].tolist() == [-1 if s != 1 else v for v, s in zip(want_v, want_s)]
+    assert _content(col) == _content(loop)
+    for s in snaps:
+        s.release()
+
+
+def test_float_states_and_typed_reads() -> None:
+    maps = _maps(8)
+    kgs = np.array([0, 1, 0, 2], dtype=np.int32)
+    keys = np.array([1, 2, 1, 3])
+    column_put(maps, kgs, keys, NS, np.array([0.5, 1.5, 2.5, 3.5]))
+    vals, status = column_get(maps, kgs, keys, NS, out_type=COL_FLOAT64)
+    assert vals.tolist() == [2.5, 1.5, 2.5, 3.5] and status.tolist() == [1, 1, 1, 1]
+    with pytest.raises(TypeError, match="key 1 is float 2.5, not an int"):
+        column_get(maps, kgs, keys, NS, default=0, out_type=COL_INT64)
+    maps[0].put(1, NS, "text")
+    with pytest.raises(TypeError, match="not a number"):
+        column_get(maps, kgs, keys, NS, out_type=COL_FLOAT64)
+
+
+def test_bad_arguments() -> None:
+    maps = _maps(8)
+    with pytest.raises(ValueError, match="not within"):
+        column_get(maps, np.array([NMAPS], dtype=np.int32), np.array([1]), NS)
+    with pytest.raises(ValueError, match="no map for key group"):
+        column_put(maps, np.array([NMAPS - 1], dtype=np.int32), np.array([1]), NS, (1,))
+    with pytest.raises(TypeError, match="CopyOnWriteStateMap or None"):
+        column_get([object()], np.array([0], dtype=np.int32), np.array([1]), NS)
+    with pytest.raises(ValueError, match="2 states for 1 keys"):
+        column_put(maps, np.array([0], dtype=np.int32), np.array([1]), NS, (1, 2))
+    with pytest.raises(TypeError, match="must not be None"):
+        column_get(maps, np.array([0], dtype=np.int32), (None,), NS)
+    assert column_missing(maps, np.array([4, 0, 4, 3], dtype=np.int32)) == [4]
+
+
+def test_a_busy_map_fails_the_column_before_anything_is_written() -> None:
+    maps = _maps(8)
+
+    class Evil:
+        def __hash__(self) -> int:
+            return 1
+
+        def __eq__(self, other: object) -> bool:
+            column_put(maps, np.array([0], dtype=np.int32), np.array([5]), NS, (1,))
+            return False
+
+    maps[0].put(Evil(), NS, 1)
+    with pytest.raises(RuntimeError, match="re-entrantly"):
+        column_get(maps, np.array([0], dtype=np.int32), (Evil(),), NS)
+    assert not maps[0].contains_key(5, NS)
+
+
+def test_groups() -> None:
+    first, group = column_groups(np.array([5, 3, 5, 7, 3]))
+    assert first.tolist() == [0, 1, 3] and group.tolist() == [0, 1, 0, 2, 1]
+    first, group = column_groups(("a", "b", "a"))
+    assert first.tolist() == [0, 1] and group.tolist() == [0, 1, 0]
+    first, group = column_groups(np.array([], dtype=np.int64))
+    assert first.tolist() == [] and group.tolist() == []
