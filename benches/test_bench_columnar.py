@@ -50,6 +50,6 @@ def test_columnar(benchmark, figures, data, case):
     st = benchmark.stats.stats
     figures.detail(f"fig {case}: cowmap {st.min * 1e9 / columnar.ROWS:.1f}..{st.max * 1e9 / columnar.ROWS:.1f} "
                    f"ns/row over {st.rounds} rounds")
-    c.check()
+    assert c.check(), f"{case}: cowmap's state differs from the pandas side's"
     del c
     gc.collect()

@@ -161,3 +161,25 @@ def test_snapshot_scenario_prints_a_table(capsys: pytest.CaptureFixture[str]) ->
     assert main(["snapshot", "--sizes", "3000"]) == 0
     out = capsys.readouterr().out
     assert "start (us)" in out and "3,000" in out
+
+
+def test_columnar_scenario_prints_a_table_and_checks_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_json = tmp_path / "col.json"
+    assert main(["columnar", "--rows", "20000", "--repeats", "1", "--cases", "value,map_dedup,reduce_add",
+                 "--out", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    for case in ("value ", "map_dedup", "reduce_add"):
+        assert case in out
+    doc = json.loads(out_json.read_text())
+    assert doc["scenario"] == "columnar" and [r["case"] for r in doc["rows"]] == ["value", "map_dedup", "reduce_add"]
+    for r in doc["rows"]:
+        assert r["state_ok"] and r["cowmap_ns"] > 0 and r["pandas_ns"] > 0 and r["loop_ns"] > 0
+
+
+def test_columnar_flags_are_validated() -> None:
+    proc = subprocess.run([sys.executable, "-m", "cowmap.bench", "columnar", "--cases", "nope"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "expected some of" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "cowmap.bench", "columnar", "--rows", "5"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "--rows must be >=" in proc.stderr

@@ -88,6 +88,19 @@ static int kh_pylong(PyObject *v, int32_t *out) {
 
 static int kh_hash(PyObject *key, int32_t *out, int depth);
 
+/* Java's s.hashCode() over n one-byte code units: h = 31 * h + c per unit,
+ * four units a step (h * 31^4 + c0 * 31^3 + c1 * 31^2 + c2 * 31 + c3, equal
+ * modulo 2^32), so the multiplies do not wait on one another: a column of
+ * 15-char keys spent a fifth of its time here. */
+static inline uint32_t kh_units8(const uint8_t *c, Py_ssize_t n) {
+    uint32_t h = 0;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        h = h * 923521u + c[i] * 29791u + c[i + 1] * 961u + c[i + 2] * 31u + c[i + 3];
+    for (; i < n; i++) h = 31u * h + c[i];
+    return h;
+}
+
 static int kh_double(double d, int32_t *out) {
     if (d == d && d >= -9.2233720368547758e18 && d < 9.2233720368547758e18 && (double)(int64_t)d == d) {
         *out = kh_int64((int64_t)d);                                /* 1.0 == 1 */
@@ -119,6 +132,10 @@ static int kh_hash(PyObject *key, int32_t *out, int depth) {
         Py_ssize_t n = PyUnicode_GET_LENGTH(key);
         int kind = PyUnicode_KIND(key);
         const void *data = PyUnicode_DATA(key);
+        if (kind == PyUnicode_1BYTE_KIND) { /* one UTF-16 unit per char */
+            *out = (int32_t)kh_units8((const uint8_t *)data, n);
+            return 0;
+        }
         uint32_t h = 0;
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_UCS4 ch = PyUnicode_READ(kind, data, i);

@@ -151,3 +151,34 @@ def test_int_key_hash_is_javas_hashcode(v) -> None:
     u = v & 0xFFFFFFFFFFFFFFFF
     h = (u ^ (u >> 32)) & 0xFFFFFFFF
     assert key_hash(v) == (h - 2**32 if h >= 2**31 else h)
+
+
+def _java_string_hash(s: str) -> int:
+    """Java's String.hashCode, over UTF-16 code units: the model."""
+    units = s.encode("utf-16-be", "surrogatepass")
+    h = 0
+    for i in range(0, len(units), 2):
+        h = (31 * h + int.from_bytes(units[i : i + 2], "big")) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.text(st.characters(max_codepoint=0xFF), max_size=40), st.text(max_size=20)))
+def test_str_key_hash_is_javas_string_hashcode(s: str) -> None:
+    """Latin-1 strings take an unrolled loop (four units a step): it must give
+    String.hashCode for every length and remainder, as the general loop does."""
+    assert key_hash(s) == _java_string_hash(s)
+
+
+@settings(max_examples=100)
+@given(st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.text(max_size=25)), max_size=50),
+       st.sampled_from([1, 7, 128, 4096]))
+def test_column_key_groups_equal_single(keys: list, max_par: int) -> None:
+    """A column's key groups (tuple and int64 paths) are the per-key ones."""
+    from cowmap._keygroups import column_key_groups
+
+    want = [key_group_for(k, max_par) for k in keys]
+    assert column_key_groups(tuple(keys), max_par, 0, max_par - 1).tolist() == want
+    ints = [k for k in keys if isinstance(k, int)]
+    arr = np.array(ints, dtype=np.int64)
+    assert column_key_groups(arr, max_par, 0, max_par - 1).tolist() == [key_group_for(k, max_par) for k in ints]

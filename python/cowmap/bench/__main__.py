@@ -73,7 +73,7 @@ def _parser() -> argparse.ArgumentParser:
                         "RAM per state, states of a batch at once, and a long while -- see the README)")
     g.add_argument("--with-flink", action="store_true",
                    help="also run Flink 2.3's heap backend on the same workload (needs Java 17+ and "
-                        "apache-flink-libraries==2.3.0)")
+                        "apache-flink-libraries==2.3.0); columnar: its ValueState per record vs value_ttl")
     g.add_argument("--out", metavar="results.json", help="write the results as JSON")
     g.add_argument("--plot", metavar="file.png", help="write a PNG plot (needs matplotlib)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -106,15 +106,24 @@ def _main_columnar(parser: argparse.ArgumentParser, args: argparse.Namespace, re
     res = columnar.run_columnar(args.cases, repeats, rows,
                                 progress=None if args.no_progress else lambda n: print(f"  done: {n}", flush=True))
     columnar.print_columnar(res)
+    flink_row = None
+    if args.with_flink:
+        cow = next((r for r in res if r["case"] == "value_ttl"), None)
+        if cow is None:
+            print("--with-flink compares the value_ttl case: add it to --cases", file=sys.stderr)
+        else:
+            flink_row, msg = columnar.run_flink_value(repeats=repeats)
+            print(columnar.flink_line(cow, flink_row) if flink_row else msg,
+                  file=sys.stdout if flink_row else sys.stderr)
     if args.out:
-        report.write_json(args.out, {"scenario": "columnar", "format": 1, "rows": res,
+        report.write_json(args.out, {"scenario": "columnar", "format": 1, "rows": res, "flink": flink_row,
                                      "machine": {"python": platform.python_version(),
                                                  "platform": platform.platform(), "cpus": _cpus()}})
         print(f"wrote {args.out}")
     if args.plot:
         why = columnar.plot_columnar(res, args.plot)
         print(why if why else f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
-    return 0
+    return 0 if all(r["state_ok"] for r in res) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
