@@ -14,6 +14,8 @@ cdef extern from "Python.h":
     bint _is_int "PyLong_Check"(PyObject *o)
 
 
+cdef uint8_t _ROW_TYPED = 0x80  # CM_ROW_TYPED (cm_columns.h)
+
 # get_many's output: a list, or a numpy array of one of these dtypes
 COL_LIST = 0
 COL_INT64 = 1
@@ -151,6 +153,14 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
     cdef int64_t[::1] iv
     cdef double[::1] fv
     cdef int overflow
+    if out_type == COL_INT64:
+        values = np.empty(n, dtype=np.int64)
+        iv = values
+        col.c.iout = &iv[0] if n else NULL
+    elif out_type == COL_FLOAT64:
+        values = np.empty(n, dtype=np.float64)
+        fv = values
+        col.c.fout = &fv[0] if n else NULL
     try:
         cm_col_run(&col.c)
         if out_type == COL_LIST:
@@ -169,9 +179,10 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                 _list_set(lst, i, s)
             return values, status
         if out_type == COL_INT64:
-            values = np.empty(n, dtype=np.int64)
-            iv = values
             for i in range(n):
+                if st[i] & _ROW_TYPED:  # the fast read wrote it
+                    st[i] &= ~_ROW_TYPED
+                    continue
                 s = out[i]
                 if s == NULL or not (st[i] == 1 or return_expired):
                     if default is None:
@@ -191,10 +202,11 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                     raise _not_numeric(col, i, <object>s, "an int", "int64")
             return values, status
         if out_type == COL_FLOAT64:
-            values = np.empty(n, dtype=np.float64)
-            fv = values
             dflt = float("nan") if default is None else default
             for i in range(n):
+                if st[i] & _ROW_TYPED:
+                    st[i] &= ~_ROW_TYPED
+                    continue
                 s = out[i]
                 if s == NULL or not (st[i] == 1 or return_expired):
                     values[i] = dflt

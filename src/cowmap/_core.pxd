@@ -105,6 +105,8 @@ cdef extern from "cowmap_core.h":
         int refresh
         int peek
         PyObject **out
+        int64_t *iout
+        double *fout
         uint8_t *status
         PyObject *const *states
         const int64_t *istates

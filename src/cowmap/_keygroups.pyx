@@ -5,6 +5,20 @@ The current key of a backend, which uses them, is in _context.pyx."""
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
 
+cdef extern from *:
+    """
+    #if defined(__GNUC__)
+    #define KH_PREFETCH(p) __builtin_prefetch(p)
+    #else
+    #define KH_PREFETCH(p) ((void)(p))
+    #endif
+    """
+    void KH_PREFETCH(const void *p)
+
+cdef extern from "Python.h":
+    ctypedef struct PyObject
+    PyObject *_tuple_item "PyTuple_GET_ITEM"(object t, Py_ssize_t i)
+
 cdef extern from "keyhash.h":
     int32_t kh_murmur(int32_t code)
     int32_t kh_int64(int64_t v)
@@ -102,6 +116,8 @@ def column_key_groups(keys, long max_parallelism, long lo, long hi):
         result = np.empty(n, dtype=np.int32)
         out = result
         for i in range(n):
+            if i + 8 < n:  # the key objects are scattered: their first touch is a cache miss
+                KH_PREFETCH(_tuple_item(keys, i + 8))
             key = (<tuple>keys)[i]
             try:
                 kh_hash(key, &h, 0)

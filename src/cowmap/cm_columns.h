@@ -22,8 +22,9 @@
 
 enum { CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS };
 
-/* What a column GET found for a row (cm_col.status). */
-enum { CM_ROW_ABSENT = 0, CM_ROW_LIVE = 1, CM_ROW_EXPIRED = 2 };
+/* What a column GET found for a row (cm_col.status); CM_ROW_TYPED is or-ed in
+ * when the fast read wrote the row's number to iout/fout instead of out. */
+enum { CM_ROW_ABSENT = 0, CM_ROW_LIVE = 1, CM_ROW_EXPIRED = 2, CM_ROW_TYPED = 0x80 };
 
 typedef struct {
     int op;
@@ -40,6 +41,8 @@ typedef struct {
     int refresh;
     int peek;               /* GET: expired entries stay (CM_ROW_EXPIRED, state returned), no refresh */
     PyObject **out;         /* GET: a new reference per row found, NULL where absent */
+    int64_t *iout;          /* GET, or NULL: where the fast read may put exact ints fitting int64 */
+    double *fout;           /* GET, or NULL: where the fast read may put exact floats */
     uint8_t *status;        /* GET: CM_ROW_*; CONTAINS: 0/1 */
     /* PUT: states[i] (borrowed) is written with ts; NULL or None = remove the row's key */
     PyObject *const *states;
@@ -236,7 +239,10 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         if (j >= 0 && j < n) {
             const cm_crow *r = &ring[j & (CM_CR - 1u)];
             const cm_entry *x = r->head;
-            if (x && !cm_hash_is(x, r->h) && x->next) cm_prefetch_hot(r->m, x->next);
+            /* the head has arrived: the chain's next entry if the head is another
+             * key's, else the state, which the read INCREFs and a typed read reads */
+            if (x && !cm_hash_is(x, r->h)) { if (x->next) cm_prefetch_hot(r->m, x->next); }
+            else if (x) CM_PREFETCH_W(x->state);
         }
         j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
@@ -267,8 +273,18 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             }
             c->status[j] = CM_ROW_LIVE;
         }
-        Py_INCREF(hit->state);
-        c->out[j] = hit->state;
+        PyObject *st = hit->state;
+        if (c->iout && PyLong_CheckExact(st)) { /* a typed read: the number itself, no reference */
+            int overflow = 0;
+            int64_t v = cm_as_int64(st, &overflow);
+            if (!overflow) { c->iout[j] = v; c->status[j] |= CM_ROW_TYPED; continue; }
+        } else if (c->fout && PyFloat_CheckExact(st)) {
+            c->fout[j] = PyFloat_AS_DOUBLE(st);
+            c->status[j] |= CM_ROW_TYPED;
+            continue;
+        }
+        Py_INCREF(st);
+        c->out[j] = st;
     }
     return 0;
 }
@@ -318,7 +334,10 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         if (j >= 0 && j < n) {
             const cm_crow *r = &ring[j & (CM_CR - 1u)];
             const cm_entry *x = r->head;
-            if (x && !cm_hash_is(x, r->h) && x->next) cm_prefetch_entry(r->m, x->next);
+            /* the next entry if the head is another key's, else the state the
+             * write will release (its refcount is written) */
+            if (x && !cm_hash_is(x, r->h)) { if (x->next) cm_prefetch_entry(r->m, x->next); }
+            else if (x) CM_PREFETCH_W(x->state);
         }
         j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
@@ -341,6 +360,17 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             int eq = cm_match(cm_E(m, e), &p);
             if (eq < 0) return -1;
             if (eq) { hit = e; break; }
+        }
+        if (hit) {
+            /* a number over a number only this entry holds (no snapshot: the map
+             * has none live here): rewritten where it is, nothing allocated or freed */
+            cm_entry *e = cm_E(m, hit);
+            if ((c->istates && cm_int_rewrite(e->state, c->istates[j])) ||
+                (c->fstates && cm_float_rewrite(e->state, c->fstates[j]))) {
+                e->sv = m->version;
+                e->ts = c->ts;
+                continue;
+            }
         }
         PyObject *st = cm_col_state(c, j);
         if (!st) return -1;
