@@ -234,3 +234,19 @@ def column_missing(maps: list[Any], kgs: npt.NDArray[np.int32]) -> list[int]: ..
 def column_groups(
     keys: npt.NDArray[np.int64] | tuple[Any, ...],
 ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]: ...
+FOLD_ADD: int
+FOLD_MIN: int
+FOLD_MAX: int
+
+def column_fold(
+    maps: list[Any],
+    kgs: npt.NDArray[np.int32],
+    keys: _KeyCol,
+    namespace: Any,
+    values: npt.NDArray[np.int64],
+    fold: int,
+    now: int = 0,
+    ttl: int = 0,
+    return_expired: bool = False,
+    ts: int = ...,
+) -> list[int]: ...

@@ -367,3 +367,43 @@ def column_groups(keys):
     finally:
         PyMem_Free(table)
     return first[:g], group
+
+
+FOLD_ADD = CM_FOLD_ADD
+FOLD_MIN = CM_FOLD_MIN
+FOLD_MAX = CM_FOLD_MAX
+
+
+def column_fold(list maps not None, kgs, keys, namespace, values, int fold, now=0, ttl=0,
+                bint return_expired=False, ts=NO_TIMESTAMP):
+    """Combine ``values[i]`` (an int64 array) into the int stored for ``keys[i]``
+    in ``namespace`` of ``maps[kgs[i]]``, for every row: ``fold`` is FOLD_ADD,
+    FOLD_MIN or FOLD_MAX. A stored int is used when present and (with ``ttl >
+    0``) unexpired at ``now``, or expired and ``return_expired``; otherwise
+    ``values[i]`` is written as it is. Results are written with timestamp ``ts``.
+    Rows whose stored value is not an int within int64, or whose result would
+    leave int64, are left unchanged: their indices are returned, in order, for
+    the caller to add some other way. Every row's map must exist. Keys should be
+    distinct (a key twice is folded twice). O(len(keys))."""
+    cdef _Column col = _Column()
+    col.setup(CM_COL_FOLD, maps, kgs, keys, namespace)
+    cdef Py_ssize_t n = col.c.n
+    cdef const int64_t[::1] iv = values
+    if iv.shape[0] != n:
+        raise ValueError(f"{iv.shape[0]} values for {n} keys")
+    if fold != CM_FOLD_ADD and fold != CM_FOLD_MIN and fold != CM_FOLD_MAX:
+        raise ValueError(f"fold must be FOLD_ADD, FOLD_MIN or FOLD_MAX, got {fold}")
+    cdef int64_t c_ttl = _as_ts(ttl, "ttl")
+    if c_ttl != 0:
+        cm_check_ttl(c_ttl)
+    cdef list unfit = []
+    col.c.istates = &iv[0] if n else NULL
+    col.c.fold = fold
+    col.c.now = _as_time(now, "now")
+    col.c.ttl = c_ttl
+    col.c.return_expired = return_expired
+    col.c.ts = _as_time(ts)
+    col.c.unfit = <PyObject *>unfit
+    if n:
+        cm_col_run(&col.c)
+    return unfit

@@ -90,7 +90,8 @@ cdef extern from "cowmap_core.h":
     object cm_chain_list(const cm_map *m, const cm_vpos *vp)
     size_t cm_bytes(const cm_map *m)
 
-    int CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS
+    int CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS, CM_COL_FOLD
+    int CM_FOLD_ADD, CM_FOLD_MIN, CM_FOLD_MAX
     ctypedef struct cm_col:
         int op
         Py_ssize_t n
@@ -112,6 +113,9 @@ cdef extern from "cowmap_core.h":
         const int64_t *istates
         const double *fstates
         int64_t ts
+        int fold
+        int return_expired
+        PyObject *unfit
     int cm_col_run(cm_col *c) except -1
     uint32_t cm_nfree(const cm_map *m)
 

@@ -20,7 +20,9 @@
 
 #include "cm_ttl.h"
 
-enum { CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS };
+enum { CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS, CM_COL_FOLD };
+/* How CM_COL_FOLD combines a stored int with the row's. */
+enum { CM_FOLD_ADD, CM_FOLD_MIN, CM_FOLD_MAX };
 
 /* What a column GET found for a row (cm_col.status); CM_ROW_TYPED is or-ed in
  * when the fast read wrote the row's number to iout/fout instead of out. */
@@ -49,6 +51,13 @@ typedef struct {
     const int64_t *istates; /* PUT: int64 states made into ints as they are written, or NULL */
     const double *fstates;  /* PUT: float64 states made into floats, or NULL */
     int64_t ts;
+    /* FOLD: istates[i] is combined (fold: CM_FOLD_*) with the row's stored int
+     * when that is usable (present, and unexpired unless return_expired), else
+     * written as it is; written with ts. A row whose stored value is no int of
+     * int64, or whose result would leave int64, is left as it is and its index
+     * appended to `unfit` (a list). */
+    int fold, return_expired;
+    PyObject *unfit;
 } cm_col;
 
 #define CM_CD 48u   /* rows between prefetching a row's slot and running it */
@@ -112,7 +121,8 @@ CM_ALWAYS_INLINE static inline void cm_col_hints(const cm_col *c, const cm_probe
             const uint32_t *slot = cm_slot_at(m, h);
             if (slot && *slot) {
                 const cm_entry *e = cm_E(m, *slot);
-                if (!cm_prefetch_past_head(m, e, h) && c->op == CM_COL_GET) CM_PREFETCH_W(e->state);
+                if (!cm_prefetch_past_head(m, e, h) && (c->op == CM_COL_GET || c->op == CM_COL_FOLD))
+                    CM_PREFETCH_W(e->state);
             }
         }
     }
@@ -130,9 +140,58 @@ static inline PyObject *cm_col_state(const cm_col *c, Py_ssize_t i) {
     return s;
 }
 
+/* The value a FOLD row writes over the found entry e: *v (the row's value on
+ * entry) combined with e's int when that is usable. 1 done, 0 unfit (e's
+ * state is no int of int64, or the result would leave int64). */
+static inline int cm_col_fold_value(const cm_col *c, const cm_entry *e, int64_t *v) {
+    if (c->ttl && !c->return_expired && cm_expired(e->ts, c->ttl, c->now)) return 1; /* dropped */
+    if (!PyLong_CheckExact(e->state)) return 0;
+    int overflow = 0;
+    int64_t old = cm_as_int64(e->state, &overflow);
+    if (overflow) return 0;
+    if (c->fold == CM_FOLD_ADD) return !__builtin_add_overflow(old, *v, v);
+    if ((c->fold == CM_FOLD_MIN) == (old < *v)) *v = old;
+    return 1;
+}
+
+/* Row i of a FOLD in map m: see cm_col. */
+static int cm_col_fold_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t i) {
+    cm_loc loc;
+    if (cm_locate(m, p, &loc) < 0) return -1;
+    int64_t v = c->istates[i];
+    if (loc.found) {
+        cm_entry *e = cm_E(m, loc.idx);
+        if (!cm_col_fold_value(c, e, &v)) {
+            PyObject *ix = PyLong_FromSsize_t(i);
+            int r = ix ? PyList_Append(c->unfit, ix) : -1;
+            Py_XDECREF(ix);
+            return r;
+        }
+        uint32_t w = cm_writable(m, p, &loc);
+        if (!w) return -1;
+        e = cm_E(m, w);
+        if (cm_state_shared(m, e) || !cm_int_rewrite(e->state, v)) {
+            PyObject *st = PyLong_FromLongLong(v);
+            if (!st) return -1;
+            cm_set_state(m, w, st, c->ts);
+        } else {
+            e->sv = m->version;
+            e->ts = c->ts;
+        }
+        return 0;
+    }
+    PyObject *st = PyLong_FromLongLong(v);
+    if (!st) return -1;
+    uint32_t w = cm_add_entry(m, p, loc.t);
+    if (!w) { cm_grave(m, st); return -1; }
+    cm_set_state(m, w, st, c->ts);
+    return 0;
+}
+
 /* Row i in map m, the single op's steps. */
 static int cm_col_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t i) {
     cm_loc loc;
+    if (c->op == CM_COL_FOLD) return cm_col_fold_row(m, c, p, i);
     if (c->op == CM_COL_PUT) {
         PyObject *st = cm_col_state(c, i);
         if (!st) return -1;
@@ -361,18 +420,35 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (eq < 0) return -1;
             if (eq) { hit = e; break; }
         }
+        int64_t fv = 0; /* FOLD: the value to write */
+        if (c->op == CM_COL_FOLD) {
+            fv = c->istates[j];
+            if (hit) {
+                const cm_entry *e = cm_E(m, hit);
+                int r = cm_col_fold_value(c, e, &fv);
+                if (r < 0) return -1;
+                if (r == 0) { /* unfit: left as it is, its index noted */
+                    PyObject *ix = PyLong_FromSsize_t(j);
+                    int rc = ix ? PyList_Append(c->unfit, ix) : -1;
+                    Py_XDECREF(ix);
+                    if (rc < 0) return -1;
+                    continue;
+                }
+            }
+        }
         if (hit) {
             /* a number over a number only this entry holds (no snapshot: the map
              * has none live here): rewritten where it is, nothing allocated or freed */
             cm_entry *e = cm_E(m, hit);
-            if ((c->istates && cm_int_rewrite(e->state, c->istates[j])) ||
+            if ((c->op == CM_COL_FOLD && cm_int_rewrite(e->state, fv)) ||
+                (c->op != CM_COL_FOLD && c->istates && cm_int_rewrite(e->state, c->istates[j])) ||
                 (c->fstates && cm_float_rewrite(e->state, c->fstates[j]))) {
                 e->sv = m->version;
                 e->ts = c->ts;
                 continue;
             }
         }
-        PyObject *st = cm_col_state(c, j);
+        PyObject *st = c->op == CM_COL_FOLD ? PyLong_FromLongLong(fv) : cm_col_state(c, j);
         if (!st) return -1;
         if (!hit && !(hit = cm_add_entry(m, &p, &m->primary))) { cm_grave(m, st); return -1; }
         cm_set_state(m, hit, st, c->ts);
@@ -422,17 +498,17 @@ static int cm_col_run(cm_col *c) {
     for (Py_ssize_t j = 0; j < c->n && j < (Py_ssize_t)CM_CD; j++)
         ring[j] = c->ikeys ? cm_composite(cm_int_hash(c->ikeys[j]), hn) : probes[j].hash;
     /* int64 reads: the fast pass first, then the rows it left, in order */
-    int fast = !COWMAP_PLAIN_BATCH && (c->op == CM_COL_GET || c->op == CM_COL_PUT) && c->ikeys;
+    int fast = !COWMAP_PLAIN_BATCH && c->op != CM_COL_REMOVE && c->op != CM_COL_CONTAINS && c->ikeys;
     if (fast) {
         slow = PyMem_Calloc((size_t)(c->nmaps ? c->nmaps : 1), 1);
         if (!slow) { PyErr_NoMemory(); cm_col_leave(c, rows); goto out; }
-        if (c->op == CM_COL_PUT && !c->status) {
+        if (c->op != CM_COL_GET && !c->status) {
             /* the put pass marks the rows it leaves in a status array of its own */
             c->status = PyMem_Calloc((size_t)(c->n ? c->n : 1), 1);
             if (!c->status) { PyErr_NoMemory(); cm_col_leave(c, rows); goto out; }
             own_status = 1;
         }
-        if ((c->op == CM_COL_GET ? cm_col_read_fast(c, hn, slow) : cm_col_put_fast(c, hn, slow)) < 0) {
+        if ((c->op == CM_COL_GET ? cm_col_read_fast(c, hn, slow) : cm_col_put_fast(c, hn, slow)) < 0) {  /* PUT, FOLD */
             cm_col_leave(c, rows);
             goto out;
         }
@@ -448,7 +524,7 @@ static int cm_col_run(cm_col *c) {
         cm_map *m = c->maps[c->kgs[i]];
         if (!m) { /* no map: nothing to read or remove (writes make their maps first) */
             if (c->status) c->status[i] = 0;
-            if (c->op == CM_COL_PUT) {
+            if (c->op == CM_COL_PUT || c->op == CM_COL_FOLD) {
                 PyErr_Format(PyExc_ValueError, "no map for key group %d of row %zd", (int)c->kgs[i], i);
                 break;
             }

@@ -239,3 +239,31 @@ def test_reducing_int_fold_that_could_leave_int64_adds_row_by_row() -> None:
     s.add_many(np.array([1, 1, 1]), np.array([big, big, big], dtype=np.int64))
     b.set_current_key(1)
     assert s.get() == 3 * big  # Python ints, as the loop's operator.add makes them
+
+
+@pytest.mark.parametrize("fn", [np.add, np.minimum, np.maximum, operator.add])
+def test_int_fold_hands_unfit_keys_to_the_loop(fn: Any) -> None:
+    """A key whose stored value is no int of int64 (a float, a big Python int, a
+    str) or whose sum would leave int64 is added row by row, as the loop does;
+    the other keys of the column take the C fold."""
+    pair = Pair(lambda: ReducingStateDescriptor("s", fn), None, "get_reducing_state")
+    first = np.array([1.5, 2**63 - 10, 7, 3], dtype=object)
+    for b in (pair.col, pair.loop):  # the stored values, written one by one
+        s = b.get_reducing_state(ReducingStateDescriptor("s", fn))
+        for k, v in zip([1, 2, 3, 4], first.tolist()):
+            b.set_current_key(k)
+            s.add(v)
+    keys = [1, 2, 3, 4, 2, 1, 5]
+    vals = np.array([2, 2, 5, -4, 20, 1, 9], dtype=np.int64)  # key 2's sum leaves int64
+    try:
+        pair.col_state.add_many(np.array(keys), vals)
+        got_error = None
+    except Exception as e:  # noqa: BLE001  # the loop must fail alike
+        got_error = type(e)
+    if got_error is None:
+        pair.loop_rows(keys, lambda i: pair.loop_state.add(vals.tolist()[i]))
+    else:
+        with pytest.raises(got_error):
+            pair.loop_rows(keys, lambda i: pair.loop_state.add(vals.tolist()[i]))
+    a, b = live_entries(pair, "s", "reducing")
+    assert a == b

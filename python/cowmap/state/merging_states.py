@@ -16,8 +16,12 @@ from cowmap._core import (
     COL_FLOAT64,
     COL_INT64,
     EXPIRED,
+    FOLD_ADD,
+    FOLD_MAX,
+    FOLD_MIN,
     NO_TIMESTAMP,
     CopyOnWriteStateMap,
+    column_fold,
     column_get,
     column_groups,
     column_put,
@@ -293,6 +297,37 @@ class ReducingState(_MergingState):
         self._check_values(vals)
         self._each_row(ks, kgs, ns, lambda i: self.add(vals[i]))
 
+    def _fold_ints(
+        self, fold: Any, ks: Any, kgs: Any, ns: Any, vs: Any, first: Any, group: Any, gkeys: Any, gkgs: Any, now: int
+    ) -> bool:
+        """``add_many`` of an int64 column: each key's rows folded in numpy (exact:
+        ints), then one C pass folds that into each key's stored int and writes it
+        (``column_fold``: one lookup per key). Keys whose stored value is no int64
+        int, or whose result would leave int64, get their rows added one by one."""
+        import numpy as np
+
+        t = self._t
+        if fold is np.add:
+            if float(np.abs(vs.astype(np.float64)).sum()) >= 2.0**62:
+                return False  # the batch's own sums could leave int64: row by row
+            acc = np.zeros(len(first), dtype=np.int64)
+            kind = FOLD_ADD
+        else:
+            info = np.iinfo(np.int64)
+            acc = np.full(len(first), info.max if fold is np.minimum else info.min, dtype=np.int64)
+            kind = FOLD_MIN if fold is np.minimum else FOLD_MAX
+        fold.at(acc, group, vs)
+        unfit = column_fold(
+            self._column_maps(gkgs), gkgs, gkeys, ns, acc, kind, now, t.ttl, t.return_expired,
+            now if t.ttl else NO_TIMESTAMP,
+        )
+        if unfit:
+            rows = np.flatnonzero(np.isin(group, unfit))
+            sub = ks[rows] if isinstance(ks, np.ndarray) else tuple(ks[i] for i in rows.tolist())
+            vals = vs[rows].tolist()
+            self._each_row(sub, np.ascontiguousarray(kgs[rows]), ns, lambda i: self.add(vals[i]))
+        return True
+
     def _fold_column(self, fold: Any, ks: Any, kgs: Any, ns: Any, vs: Any) -> bool:
         """``add_many`` through numpy: False, with nothing changed, when a stored
         value does not suit (not a number of the column's kind, or an int sum
@@ -305,6 +340,8 @@ class ReducingState(_MergingState):
         gkgs = np.ascontiguousarray(kgs[first])
         code = COL_INT64 if vs.dtype.kind == "i" else COL_FLOAT64
         now = self._kc.now() if t.ttl else 0
+        if code == COL_INT64:
+            return self._fold_ints(fold, ks, kgs, ns, vs, first, group, gkeys, gkgs, now)
         try:  # Flink's getUnexpired per key: nothing refreshed or removed
             prev, status = column_get(t.maps, gkgs, gkeys, ns, now, t.ttl, False, 0, t.return_expired, code, True)
         except (TypeError, OverflowError):
