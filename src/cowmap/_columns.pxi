@@ -406,4 +406,5 @@ def column_fold(list maps not None, kgs, keys, namespace, values, int fold, now=
     col.c.unfit = <PyObject *>unfit
     if n:
         cm_col_run(&col.c)
+    unfit.sort()  # the fast pass and the general pass each note theirs in order
     return unfit

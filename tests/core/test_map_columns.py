@@ -266,3 +266,73 @@ def test_numbers_are_rewritten_in_place_only_when_nothing_else_holds_them(dtype:
     got, _ = column_get(maps, kgs, keys, NS)
     assert got == [-5 * 10**6, 2**40, -(2**52) + 1]
     assert [type(v) for v in got] == [int if dtype is np.int64 else float] * 3
+
+
+def loop_fold(maps: list[Any], kgs: list[int], keys: list[Any], vals: list[int], fold: int, now: int, ttl: int,
+              return_expired: bool, ts: int) -> list[int]:
+    """column_fold's model: the single ops, row by row."""
+    from cowmap._core import FOLD_ADD, FOLD_MIN
+
+    unfit = []
+    for i, (kg, k, v) in enumerate(zip(kgs, keys, vals)):
+        m = maps[kg]
+        r = m.get_with_timestamp(k, NS)
+        if r is not None and (not ttl or return_expired or r[1] + ttl > now):
+            old = r[0]
+            if type(old) is not int or not -(2**63) <= old < 2**63:
+                unfit.append(i)
+                continue
+            new = old + v if fold == FOLD_ADD else min(old, v) if fold == FOLD_MIN else max(old, v)
+            if not -(2**63) <= new < 2**63:
+                unfit.append(i)
+                continue
+            v = new
+        m.put(k, NS, v, ts)
+    return unfit
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.integers(0, NMAPS - 2), st.integers(0, 30),
+                               st.one_of(st.integers(-5, 5), st.integers(2**62, 2**63 - 1), st.just(-(2**63)))),
+                     max_size=80),
+            st.sampled_from(["fold", "fold", "fold", "put_float", "snap", "tick"]),
+            st.integers(0, 8),
+        ),
+        max_size=10,
+    ),
+    fold=st.sampled_from([0, 1, 2]),
+    ttl=st.sampled_from([0, 4]),
+    return_expired=st.booleans(),
+    int_keys=st.booleans(),
+)
+def test_fold_equals_the_single_ops(steps: Any, fold: int, ttl: int, return_expired: bool, int_keys: bool) -> None:
+    from cowmap._core import column_fold
+
+    col, loop = _maps(4), _maps(4)
+    snaps: list[Any] = []
+    now = 0
+    for rows, op, dt in steps:
+        kgs_l = [kg for kg, _, _ in rows]
+        keys_l = [k if int_keys else f"k{k}" for _, k, _ in rows]
+        vals_l = [v for _, _, v in rows]
+        kgs = np.array(kgs_l, dtype=np.int32)
+        keys: Any = np.array(keys_l, dtype=np.int64) if int_keys else tuple(keys_l)
+        ts = now if ttl else NO_TIMESTAMP
+        if op == "fold":
+            got = column_fold(col, kgs, keys, NS, np.array(vals_l, dtype=np.int64), fold, now, ttl, return_expired, ts)
+            assert got == loop_fold(loop, kgs_l, keys_l, vals_l, fold, now, ttl, return_expired, ts)
+        elif op == "put_float":  # a stored value the fold cannot take
+            for maps in (col, loop):
+                for kg, k in list(zip(kgs_l, keys_l))[:2]:
+                    maps[kg].put(k, NS, 0.5, ts)
+        elif op == "snap":
+            snaps.append([m.snapshot() for m in col if m is not None])
+        else:
+            now += dt
+        assert _content(col) == _content(loop)
+    for group in snaps:
+        for s in group:
+            s.release()
