@@ -177,3 +177,69 @@ def test_unhashable_namespace_is_refused() -> None:
     s = b.get_state(ValueStateDescriptor("v"))
     with pytest.raises(TypeError, match="namespace must be hashable"):
         s.get_many([1], namespace=[1])
+
+
+def test_hostile_callbacks_and_threads_get_clear_errors() -> None:
+    """A copier that calls back into the state mid-column, and a second thread
+    writing while a column runs, are refused with RuntimeError; nothing crashes and
+    the state stays consistent."""
+    import threading
+
+    b = KeyedStateBackend(MAX_PAR)
+    calls: list[Any] = []
+
+    def copier(v: Any) -> Any:
+        calls.append(v)
+        s.get_many([1, 2])  # re-entrant: the column holds the maps
+        return list(v)
+
+    s = b.get_state(ValueStateDescriptor("v", copier=copier))
+    s.update_many([1, 2], [[1], [2]])
+    snap = b.snapshot()  # shared values: the next reads copy them
+    with pytest.raises(RuntimeError, match="re-entrantly"):
+        s.get_many([1, 2])
+    assert calls
+    snap.release()
+    assert s.get_many([1, 2]) == [[1], [2]]
+
+    errors: list[BaseException] = []
+
+    class Slow:
+        """A key whose __eq__ lets another thread run mid-column."""
+
+        def __init__(self, k: int) -> None:
+            self.k = k
+
+        def __hash__(self) -> int:
+            return 7
+
+        def __cowmap_hash__(self) -> int:
+            return 7
+
+        def __eq__(self, other: object) -> bool:
+            t = threading.Thread(target=lambda: _try(errors, lambda: s.update_many([Slow(9)], [0])))
+            t.start()
+            t.join()
+            return isinstance(other, Slow) and other.k == self.k
+
+    s.update_many([Slow(1)], [1])
+    s.update_many([Slow(2)], [2])  # compares with Slow(1): the other thread is refused
+    assert errors and all(isinstance(e, RuntimeError) for e in errors)
+    assert sorted(k.k for k in b.keys("v") if isinstance(k, Slow)) == [1, 2]
+
+
+def _try(errors: list[BaseException], fn: Any) -> None:
+    try:
+        fn()
+    except BaseException as e:  # noqa: BLE001
+        errors.append(e)
+
+
+def test_the_callers_key_array_may_change_after_the_call() -> None:
+    """The call works on its own copy of an int64 key column."""
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v"))
+    keys = np.array([1, 2, 3])
+    s.update_many(keys, np.array([10, 20, 30]))
+    keys[:] = 99
+    assert s.get_many([1, 2, 3, 99]) == [10, 20, 30, None]
