@@ -24,6 +24,7 @@ from cowmap._core import (
     NO_TIMESTAMP,
     CopyOnWriteStateMap,
     column_contains,
+    column_fold,
     column_get,
     column_groups,
     column_missing,
@@ -336,3 +337,55 @@ def test_fold_equals_the_single_ops(steps: Any, fold: int, ttl: int, return_expi
     for group in snaps:
         for s in group:
             s.release()
+
+
+# --------------------------------------------------------------------------- column calls
+
+
+def _column_cycle(keys: tuple[Any, ...], states: tuple[Any, ...], ints: np.ndarray, n_maps: int) -> None:
+    """Every column call over fresh maps, with snapshots, expiry, rehash and in-place rewrites."""
+    maps: list[Any] = [CopyOnWriteStateMap(capacity=4, copier=lambda s: s) for _ in range(n_maps)]
+    kgs = (np.arange(len(keys)) % n_maps).astype(np.int32)
+    ikeys = np.arange(len(keys), dtype=np.int64)
+    column_put(maps, kgs, keys, NS, states, 0)
+    column_put(maps, kgs, ikeys, NS, ints + 2**40, 0)
+    snap = [m.snapshot() for m in maps]
+    column_get(maps, kgs, keys, NS, 10, 5, True, None, True, COL_LIST)  # expired: removed, returned
+    column_put(maps, kgs, keys, NS, states, 11)
+    column_get(maps, kgs, ikeys, NS, 11, 100, True, 0, False, COL_INT64)
+    column_fold(maps, kgs, ikeys, NS, ints, 0, 11, 100, False, 12)
+    for s in snap:
+        s.release()
+    column_put(maps, kgs, ikeys, NS, ints + 2**41, 13)  # rewritten in place: only the maps hold them
+    column_fold(maps, kgs, ikeys, NS, ints, 0, 13, 100, False, 14)
+    column_contains(maps, kgs, keys, NS)
+    column_remove(maps, kgs, keys, NS)
+    column_put(maps, kgs, keys, NS, tuple(None for _ in keys), 15)
+
+
+def test_column_calls_leak_nothing() -> None:
+    """References to keys and states return to their baseline, and the traced
+    memory is flat over repeated cycles of every column call."""
+    import gc
+    import sys
+    import tracemalloc
+
+    keys = tuple(f"key-{i}" for i in range(300))
+    states = tuple([i] for i in range(300))
+    ints = np.arange(300, dtype=np.int64)
+    before = [sys.getrefcount(o) for o in keys[:20] + states[:20]]
+    _column_cycle(keys, states, ints, 5)
+    gc.collect()
+    assert [sys.getrefcount(o) for o in keys[:20] + states[:20]] == before
+    tracemalloc.start()
+    try:
+        _column_cycle(keys, states, ints, 5)
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(20):
+            _column_cycle(keys, states, ints, 5)
+        gc.collect()
+        grown = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert grown < 64 * 1024, f"traced memory grew by {grown} bytes over 20 cycles"

@@ -267,3 +267,28 @@ def test_int_fold_hands_unfit_keys_to_the_loop(fn: Any) -> None:
             pair.loop_rows(keys, lambda i: pair.loop_state.add(vals.tolist()[i]))
     a, b = live_entries(pair, "s", "reducing")
     assert a == b
+
+
+@pytest.mark.parametrize(
+    ("keys", "values", "err", "match"),
+    [
+        (np.array([1 + 2j, 3j]), np.array([1, 2]), TypeError, r"keys\[0\]"),  # complex: no stable key hash
+        ([1, 2], ["a", "b"], TypeError, r"values\[0\] is str"),  # np.add reduces numbers
+        ([1, 2], np.array([[1, 2]]), ValueError, "one-dimensional"),
+        ([1, 2], np.array([1, 2, 3]), ValueError, "same length"),
+    ],
+)
+def test_bad_reducing_columns_write_nothing(keys: Any, values: Any, err: type, match: str) -> None:
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_reducing_state(ReducingStateDescriptor("r", np.add))
+    with pytest.raises(err, match=match):
+        s.add_many(keys, values)
+    assert b.num_entries() == 0
+
+
+def test_float_keys_are_keys() -> None:
+    """A float64 key column is a column of Python floats, as the loop over tolist() sees it."""
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_reducing_state(ReducingStateDescriptor("r", np.add))
+    s.add_many(np.array([1.5, 2.0, 1.5]), np.array([1, 2, 3]))
+    assert s.get_many([1.5, 2, 2.0]) == [4, 2, 2]  # 2.0 == 2, as dict keys

@@ -8,6 +8,7 @@ accumulator is dropped, not merged, unless the visibility is
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -295,6 +296,15 @@ class ReducingState(_MergingState):
             return
         vals = vs.tolist() if isinstance(vs, np.ndarray) else list(vs)
         self._check_values(vals)
+        fn = self._t.descriptor.reduce_function
+        if fn is np.add or fn is np.minimum or fn is np.maximum:
+            # a numpy ufunc takes numbers: refuse anything else before a row is added
+            for i, v in enumerate(vals):
+                if not isinstance(v, numbers.Number):
+                    raise TypeError(
+                        f"values[{i}] is {type(v).__name__} {v!r}: {fn.__name__} reduces numbers; "
+                        "nothing was written"
+                    )
         self._each_row(ks, kgs, ns, lambda i: self.add(vals[i]))
 
     def _fold_ints(
