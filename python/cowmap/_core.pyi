@@ -1,6 +1,6 @@
 """Type stub for the compiled core (src/cowmap/_core.pyx)."""
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, final
 
 import numpy as np
@@ -250,3 +250,20 @@ def column_fold(
     return_expired: bool = False,
     ts: int = ...,
 ) -> list[int]: ...
+
+def user_link(
+    links: CopyOnWriteStateMap, dirs: CopyOnWriteStateMap, ctx: Any, key: Any, ns: Any, ukey: Any
+) -> None: ...
+def user_insert_many(
+    users: list[Any],
+    groups: list[int],
+    ctxs: list[Any],
+    keys: list[Any],
+    ns: Any,
+    ukeys: list[Any],
+    values: list[Any],
+    rows: Iterable[int],
+    none_value: Any,
+    ts: int = ...,
+) -> None: ...
+def dir_copy(dc: list[Any]) -> list[Any]: ...

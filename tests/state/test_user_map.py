@@ -332,3 +332,24 @@ def test_check_catches_a_broken_list() -> None:
     for how in ("count", "prev", "tail", "no value", "no links"):
         with pytest.raises(AssertionError):
             broken(how)._check()
+
+
+def test_directory_lists_stay_out_of_the_collectors_view() -> None:
+    """One directory list per (key, namespace): a full collection must not walk
+    them, also after a snapshot made the map copy one before a write."""
+    import gc
+
+    from cowmap import KeyedStateBackend, MapStateDescriptor
+
+    b = KeyedStateBackend(4)
+    s = b.get_map_state(MapStateDescriptor("m"))
+    for k in range(50):
+        b.set_current_key(k)
+        s.put("a", 1)
+    with b.snapshot():
+        for k in range(50):
+            b.set_current_key(k)
+            s.put("b", 2)  # the directory list is copied (shared with the snapshot), then changed
+        dirs = [dc for u in b._tables["m"].users if u is not None for _, _, dc in u.dirs]
+        assert len(dirs) == 50 and not any(gc.is_tracked(dc) for dc in dirs)
+        assert all(dc[0] == 2 for dc in dirs)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from cowmap._core import EXPIRED, NO_TIMESTAMP, FlatStateMap, multi_get, multi_replace
+from cowmap._core import EXPIRED, NO_TIMESTAMP, FlatStateMap, multi_get, multi_replace, user_insert_many
 from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncMapMethods
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
@@ -347,9 +347,9 @@ class MapState(AsyncMapMethods, State):
         groups = kgs.tolist()
         ts = self._kc.now() if t.ttl else NO_TIMESTAMP
         done = multi_replace(maps, groups, uks, ctxs, replace_all(vs.copy(), None, NONE_VALUE), ts)
-        users = t.users
-        for i in positions(done, False):  # new user keys, in row order: insert and link them
-            users[groups[i]].insert(ctxs[i], uks[i], vs[i], ts)
+        new = positions(done, False)
+        if new:  # new user keys, in row order: insert and link them (compiled)
+            user_insert_many(t.users, groups, ctxs, keys_l, ns, uks, vs, new, NONE_VALUE, ts)
         self._column_ticks(len(kgs))
 
     def remove_many(self, keys: Any, user_keys: Any, *, namespace: Any = None) -> None:

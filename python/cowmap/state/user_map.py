@@ -26,6 +26,9 @@ together by one ``KeyGroupUserMap``:
 ``dirs`` (``CopyOnWriteStateMap``)
     ``(key, namespace) -> [count, head, tail]``, one per ``(key, namespace)``
     with at least one user entry (the list is copied on write after a snapshot).
+    The lists are kept out of the cyclic collector's view (``dir_copy``), as
+    the core maps' contents are: a full collection would otherwise walk one
+    list per key.
 
 The invariant (checked by :meth:`KeyGroupUserMap._check`): per ``(key,
 namespace)`` the entries reachable from ``head`` through ``links`` are exactly
@@ -44,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from cowmap._core import EXPIRED, CopyOnWriteStateMap, FlatMapSnapshot, FlatStateMap
+from cowmap._core import EXPIRED, CopyOnWriteStateMap, FlatMapSnapshot, FlatStateMap, dir_copy, user_link
 from cowmap.state.table import VOID_NAMESPACE
 from cowmap.state.ttl import expired
 
@@ -88,7 +91,7 @@ class KeyGroupUserMap:
     def __init__(self, copier: Callable[[Any], Any]) -> None:
         self.values = FlatStateMap(copier=copier)
         self.links = CopyOnWriteStateMap()
-        self.dirs = CopyOnWriteStateMap(copier=list.copy)
+        self.dirs = CopyOnWriteStateMap(copier=dir_copy)  # untracked lists, see _userlink.pxi
 
     # ------------------------------------------------------------ size
 
@@ -120,18 +123,8 @@ class KeyGroupUserMap:
         For callers that wrote ``values`` themselves (``MapState.put`` writes
         first and learns from that one lookup whether the key is new). O(1).
         """
-        links = self.links
         key, ns = split_ctx(ctx)
-        dc = self.dirs.get(key, ns)
-        if dc is None:
-            links.put(ukey, ctx, (None, None))
-            self.dirs.put(key, ns, [1, ukey, ukey])
-            return
-        tail = dc[2]
-        links.put(ukey, ctx, (tail, None))
-        links.put(tail, ctx, (links.get(tail, ctx)[0], ukey))
-        dc[0] += 1
-        dc[2] = ukey
+        user_link(self.links, self.dirs, ctx, key, ns, ukey)  # compiled: see _userlink.pxi
 
     def unlink(self, ctx: Any, ukey: Any) -> None:
         """Unlink a user entry already removed from ``values``. O(1).

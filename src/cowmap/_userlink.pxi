@@ -1,0 +1,74 @@
+# MapState's insertion-order lists, compiled: linking a new user entry at the
+# tail of its (key, namespace)'s list. The lists and their invariant are
+# described in cowmap/state/user_map.py (KeyGroupUserMap), whose ``link`` and
+# ``insert`` call these. Included by _core.pyx.
+
+
+cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void *op)
+
+
+cdef tuple _NO_LINKS = (None, None)
+
+
+cdef list _dir_entry(object count, object head, object tail):
+    """A directory entry ``[count, head, tail]``, out of the cyclic collector's
+    view: a MapState has one per (key, namespace), and a full collection would
+    otherwise walk every one of them (the maps themselves are not traversed, so
+    nothing a collection could free is hidden by this)."""
+    cdef list dc = [count, head, tail]
+    PyObject_GC_UnTrack(<void *>dc)
+    return dc
+
+
+def dir_copy(list dc not None):
+    """The directory map's copier: a copy of ``[count, head, tail]``, untracked
+    like the original."""
+    return _dir_entry(dc[0], dc[1], dc[2])
+
+
+cdef int _link(CopyOnWriteStateMap links, CopyOnWriteStateMap dirs, object ctx, object key, object ns,
+               object ukey) except -1:
+    """Link user entry ``ukey`` (just added to the values map) at the tail of the
+    list of ``key`` in ``ns`` (core namespace ``ctx``)."""
+    dc = cm_get(&dirs.m, key, ns)  # [count, head, tail], copied first if a snapshot shares it
+    if dc is None:
+        cm_put(&links.m, ukey, ctx, _NO_LINKS, CM_NO_TS)
+        cm_put(&dirs.m, key, ns, _dir_entry(1, ukey, ukey), CM_NO_TS)
+        return 0
+    tail = (<list>dc)[2]
+    cm_put(&links.m, ukey, ctx, (tail, None), CM_NO_TS)
+    before = cm_get(&links.m, tail, ctx)
+    if before is None:
+        raise RuntimeError(f"MapState list of {key!r} is broken: its tail {tail!r} has no links")
+    cm_put(&links.m, tail, ctx, ((<tuple>before)[0], ukey), CM_NO_TS)
+    (<list>dc)[0] = (<list>dc)[0] + 1
+    (<list>dc)[2] = ukey
+    return 0
+
+
+def user_link(CopyOnWriteStateMap links not None, CopyOnWriteStateMap dirs not None, ctx, key, ns, ukey):
+    """Link user entry ``ukey``, just added to the values map, at the tail of the
+    insertion-order list of ``key`` in ``ns`` (``ctx`` its core namespace):
+    ``links`` maps ``(ukey, ctx)`` to ``(prev, next)``, ``dirs`` maps ``(key, ns)``
+    to ``[count, head, tail]``. O(1)."""
+    _link(links, dirs, ctx, key, ns, ukey)
+
+
+def user_insert_many(list users not None, list groups not None, list ctxs not None, list keys not None, ns,
+                     list ukeys not None, list values not None, rows, none_value, ts=NO_TIMESTAMP):
+    """Store ``values[i]`` for user key ``ukeys[i]`` of ``keys[i]`` in ``ns`` for
+    each row ``i`` of ``rows`` (in order), in ``users[groups[i]]`` (a
+    KeyGroupUserMap: its ``values``, ``links`` and ``dirs`` maps), linking each
+    new user key at the tail of its list; a None value is stored as
+    ``none_value``. O(len(rows))."""
+    cdef int64_t c_ts = _as_time(ts)
+    cdef FlatStateMap fm
+    for i in rows:
+        u = users[groups[i]]
+        fm = <FlatStateMap?>u.values
+        ctx = ctxs[i]
+        ukey = ukeys[i]
+        v = values[i]
+        if fm_put(&fm.m, ukey, ctx, none_value if v is None else v, c_ts) == 1:
+            _link(<CopyOnWriteStateMap?>u.links, <CopyOnWriteStateMap?>u.dirs, ctx, keys[i], ns, ukey)
