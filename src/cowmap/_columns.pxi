@@ -182,7 +182,8 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
             for i in range(n):
                 if st[i] & _ROW_TYPED:  # the fast read wrote it
                     st[i] &= ~_ROW_TYPED
-                    continue
+                    if st[i] == 1 or return_expired:
+                        continue
                 s = out[i]
                 if s == NULL or not (st[i] == 1 or return_expired):
                     if default is None:
@@ -206,7 +207,8 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
             for i in range(n):
                 if st[i] & _ROW_TYPED:
                     st[i] &= ~_ROW_TYPED
-                    continue
+                    if st[i] == 1 or return_expired:
+                        continue
                 s = out[i]
                 if s == NULL or not (st[i] == 1 or return_expired):
                     values[i] = dflt

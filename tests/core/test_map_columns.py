@@ -389,3 +389,19 @@ def test_column_calls_leak_nothing() -> None:
     finally:
         tracemalloc.stop()
     assert grown < 64 * 1024, f"traced memory grew by {grown} bytes over 20 cycles"
+
+
+@pytest.mark.parametrize("out_type", [COL_LIST, COL_INT64, COL_FLOAT64])
+@pytest.mark.parametrize("return_expired", [False, True])
+def test_peek_of_an_expired_entry_reads_default_unless_returned(out_type: int, return_expired: bool) -> None:
+    """peek leaves an expired entry in place (status 2); its row holds the
+    default unless expired values are returned, in every output form."""
+    maps = _maps(8)
+    kgs = np.zeros(2, dtype=np.int32)
+    keys = np.array([1, 2])
+    column_put(maps, kgs, keys, NS, np.array([10**6, 7]), 0)
+    column_put(maps, kgs[1:], keys[1:], NS, np.array([8]), 10)  # key 2 stays live
+    vals, status = column_get(maps, kgs, keys, NS, 12, 5, False, -1, return_expired, out_type, True)
+    assert status.tolist() == [2, 1]
+    assert list(vals) == [10**6 if return_expired else -1, 8]
+    assert maps[0].contains_key(1, NS)  # still there: peek changes nothing
