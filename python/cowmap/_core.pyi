@@ -217,6 +217,7 @@ def column_get(
     return_expired: bool = False,
     out_type: int = 0,
     peek: bool = False,
+    exact: bool = False,
 ) -> tuple[Any, npt.NDArray[np.uint8]]: ...
 def column_put(
     maps: list[Any],

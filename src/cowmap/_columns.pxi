@@ -85,7 +85,7 @@ cdef class _Column:
                     self.held.append(m)
                     self.c.maps[kg] = &(<CopyOnWriteStateMap>m).m
                 elif m is None:
-                    if op == CM_COL_PUT:
+                    if op == CM_COL_PUT or op == CM_COL_FOLD:
                         raise ValueError(f"no map for key group {kg} (row {i}): a write needs its key group's map")
                 else:
                     raise TypeError(f"maps[{kg}] must be a CopyOnWriteStateMap or None, not {type(m).__name__}")
@@ -100,10 +100,11 @@ cdef object _not_numeric(_Column col, Py_ssize_t i, object state, str want, str 
                      f"it cannot be read into a {dtype} array (read it with dtype=None)")
 
 
-cdef bint _is_np_float(object o):
-    """A numpy floating scalar (np.float32, ...), without importing numpy here."""
-    t = type(o)
-    return t.__module__ == "numpy" and hasattr(o, "is_integer") and hasattr(o, "dtype")
+cdef bint _is_np_scalar(object o):
+    """A numpy number scalar (np.float32, np.int16, ...; not an array), without
+    importing numpy here."""
+    return type(o).__module__ == "numpy" and getattr(o, "shape", None) == () and hasattr(o, "dtype") and (
+        o.dtype.kind in "iuf")
 
 
 cdef int _release_refs(PyObject **out, Py_ssize_t start, Py_ssize_t n) noexcept:
@@ -115,7 +116,8 @@ cdef int _release_refs(PyObject **out, Py_ssize_t start, Py_ssize_t n) noexcept:
 
 
 def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=False,
-               default=None, bint return_expired=False, int out_type=COL_LIST, bint peek=False):
+               default=None, bint return_expired=False, int out_type=COL_LIST, bint peek=False,
+               bint exact=False):
     """Read ``keys[i]`` (an int64 array or a tuple) in ``namespace`` from
     ``maps[kgs[i]]`` (``kgs`` an int32 array) for every row, in order; returns
     ``(values, status)``.
@@ -128,11 +130,16 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
     (status 2) and nothing is refreshed. ``values`` is a list (``out_type``
     COL_LIST), absent rows holding ``default``, or an int64 / float64 array
     (COL_INT64, COL_FLOAT64), absent rows holding ``default`` (None: NaN for
-    float64, ``ValueError`` for int64). An int64 array takes integer states
-    only and a float64 array numbers only: another state is a ``TypeError``
-    naming its key, raised once the reads are done. O(len(keys)).
+    float64, ``ValueError`` for int64, raised before anything is read when
+    ``default`` is None). An int64 array takes integer states only and a
+    float64 array numbers only (with ``exact``: only Python ints, and ints or
+    floats; numpy scalars and anything else are refused): another state is a
+    ``TypeError`` naming its key, raised once the reads are done. O(len(keys)).
     """
     import numpy as np
+    if out_type == COL_INT64 and default is None:
+        raise ValueError("an int64 read needs default= for keys with no value (there is no int64 NaN); "
+                         "nothing was read")
     cdef _Column col = _Column()
     col.setup(CM_COL_GET, maps, kgs, keys, namespace)
     cdef Py_ssize_t i, n = col.c.n
@@ -197,8 +204,8 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                     iv[i] = cm_as_int64(s, &overflow)
                     if overflow:
                         values[i] = <object>s  # numpy's OverflowError
-                elif PyIndex_Check(<object>s):  # numpy's integer scalars
-                    values[i] = <object>s
+                elif not exact and _is_np_scalar(<object>s) and (<object>s).dtype.kind in "iu":
+                    values[i] = <object>s  # numpy's integer scalars
                 else:
                     raise _not_numeric(col, i, <object>s, "an int", "int64")
             return values, status
@@ -214,7 +221,9 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                     values[i] = dflt
                 elif _is_exact_float(s):
                     fv[i] = _float_value(s)
-                elif isinstance(<object>s, (int, float)) or PyIndex_Check(<object>s) or _is_np_float(<object>s):
+                elif exact and _is_int(s) and type(<object>s) is int:
+                    values[i] = <object>s
+                elif not exact and (isinstance(<object>s, (int, float)) or _is_np_scalar(<object>s)):
                     values[i] = <object>s
                 else:
                     raise _not_numeric(col, i, <object>s, "a number", "float64")
@@ -252,7 +261,9 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
         finally:
             PyMem_Free(buf)
         return
-    dtype = states.dtype
+    dtype = getattr(states, "dtype", None)
+    if dtype is None:
+        raise TypeError(f"states must be a tuple or an int64 / float64 array, not {type(states).__name__}")
     if dtype.kind == "i" and dtype.itemsize == 8:
         iv = states
         if iv.shape[0] != n:

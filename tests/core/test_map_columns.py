@@ -405,3 +405,18 @@ def test_peek_of_an_expired_entry_reads_default_unless_returned(out_type: int, r
     assert status.tolist() == [2, 1]
     assert list(vals) == [10**6 if return_expired else -1, 8]
     assert maps[0].contains_key(1, NS)  # still there: peek changes nothing
+
+
+def test_fold_and_put_refuse_a_missing_map_before_writing() -> None:
+    from cowmap._core import FOLD_ADD
+
+    maps = _maps(8)
+    kgs = np.array([0, 0, NMAPS - 1, 0], dtype=np.int32)
+    keys = np.array([1, 2, 3, 4])
+    with pytest.raises(ValueError, match="no map for key group"):
+        column_fold(maps, kgs, keys, NS, np.array([10, 20, 30, 40]), FOLD_ADD)
+    with pytest.raises(ValueError, match="no map for key group"):
+        column_put(maps, kgs, keys, NS, np.array([10, 20, 30, 40]))
+    assert len(maps[0]) == 0
+    with pytest.raises(TypeError, match="states must be a tuple"):
+        column_put(maps, kgs[:1], keys[:1], NS, [1])

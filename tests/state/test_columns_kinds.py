@@ -168,7 +168,7 @@ def test_reducing_get_many_dtype() -> None:
     s = b.get_reducing_state(ReducingStateDescriptor("r", np.add))
     s.add_many(np.array([1, 2, 1]), np.array([1.5, 2.0, 0.25]))
     assert s.get_many([1, 2, 3], dtype=np.float64, default=0.0).tolist() == [1.75, 2.0, 0.0]
-    with pytest.raises(ValueError, match="key 3 has no value"):
+    with pytest.raises(ValueError, match="needs default="):
         s.get_many(np.array([1, 3]), dtype=np.int64)
 
 
@@ -300,3 +300,20 @@ def test_float_keys_are_keys() -> None:
     s = b.get_reducing_state(ReducingStateDescriptor("r", np.add))
     s.add_many(np.array([1.5, 2.0, 1.5]), np.array([1, 2, 3]))
     assert s.get_many([1.5, 2, 2.0]) == [4, 2, 2]  # 2.0 == 2, as dict keys
+
+
+@pytest.mark.parametrize("fn", [np.add, operator.add])
+@pytest.mark.parametrize("stored", [np.float32(0.1), np.array([1.0, 2.0]), np.int16(3), True])
+def test_float_fold_leaves_numpy_accumulators_to_the_loop(fn: Any, stored: Any) -> None:
+    """A stored numpy scalar or array is folded as the loop folds it (float32
+    arithmetic, element-wise), not converted to a Python float first."""
+    pair = Pair(lambda: ReducingStateDescriptor("s", fn), None, "get_reducing_state")
+    for b, s in ((pair.col, pair.col_state), (pair.loop, pair.loop_state)):
+        b.set_current_key(1)
+        s.add(stored)
+    pair.col_state.add_many(np.array([1, 1]), np.array([0.2, 0.3]))
+    pair.loop_rows([1, 1], lambda i: pair.loop_state.add([0.2, 0.3][i]))
+    pair.col.set_current_key(1)
+    pair.loop.set_current_key(1)
+    got, want = pair.col_state.get(), pair.loop_state.get()
+    assert type(got) is type(want) and np.array_equal(got, want)

@@ -120,9 +120,11 @@ def test_get_many_int64_needs_a_default_for_missing_keys() -> None:
     b = KeyedStateBackend(MAX_PAR)
     s = b.get_state(ValueStateDescriptor("v"))
     s.update_many(np.array([1, 2]), np.array([10, 20]))
-    assert s.get_many(np.array([2, 1]), dtype=np.int64).tolist() == [20, 10]
-    with pytest.raises(ValueError, match="key 3 has no value"):
+    assert s.get_many(np.array([2, 1, 3]), dtype=np.int64, default=-1).tolist() == [20, 10, -1]
+    with pytest.raises(ValueError, match="needs default="):  # before anything is read
         s.get_many([1, 3], dtype="int64")
+    counted = b.get_state(ValueStateDescriptor("c", default_value=0))  # the descriptor's default serves
+    assert counted.get_many([5], dtype=np.int64).tolist() == [0]
     f = s.get_many([1, 3], dtype="float64")
     assert f[0] == 10.0 and np.isnan(f[1])
     with pytest.raises(ValueError, match="dtype"):
@@ -243,3 +245,28 @@ def test_the_callers_key_array_may_change_after_the_call() -> None:
     s.update_many(keys, np.array([10, 20, 30]))
     keys[:] = 99
     assert s.get_many([1, 2, 3, 99]) == [10, 20, 30, None]
+
+
+def test_a_failed_typed_read_loses_no_expired_value() -> None:
+    """int64 without a default is refused before the reads, so an expired value
+    that would be returned once is still there for the next read."""
+    from datetime import timedelta
+
+    from cowmap import StateTtlConfig
+    from cowmap.state.ttl import StateVisibility
+
+    now = [0]
+    b = KeyedStateBackend(MAX_PAR, time_provider=lambda: now[0])
+    d = ValueStateDescriptor("v")
+    d.enable_time_to_live(
+        StateTtlConfig.new_builder(timedelta(milliseconds=10))
+        .set_state_visibility(StateVisibility.ReturnExpiredIfNotCleanedUp)
+        .disable_cleanup_in_background()
+        .build()
+    )
+    s = b.get_state(d)
+    s.update_many([1], [42])
+    now[0] = 100
+    with pytest.raises(ValueError, match="needs default="):
+        s.get_many(np.array([1, 2]), dtype="int64")
+    assert s.get_many([1, 1]) == [42, None]  # returned once, then gone

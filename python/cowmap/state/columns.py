@@ -20,7 +20,7 @@ import numpy as np
 
 from cowmap._core import COL_FLOAT64, COL_INT64, COL_LIST
 
-__all__ = ["key_column", "out_type", "typed", "value_column", "value_list"]
+__all__ = ["check_typed", "key_column", "out_type", "typed", "value_column", "value_list"]
 
 _INT64 = np.dtype(np.int64)
 _FLOAT64 = np.dtype(np.float64)
@@ -132,6 +132,16 @@ def value_list(values: Any, n: int, what: str = "values") -> list[Any]:
     loop over ``tolist()`` sees); ``ValueError`` as :func:`value_column`."""
     col = value_column(values, n, what)
     return col.tolist() if isinstance(col, np.ndarray) else list(col)
+
+
+def check_typed(dtype: Any, default: Any) -> int:
+    """``out_type(dtype)``, checked before a ``get_many`` reads anything: an int64
+    read needs a ``default`` (``ValueError``), as int64 has no NaN for a missing key."""
+    code = out_type(dtype)
+    if code == COL_INT64 and default is None:
+        raise ValueError("an int64 read needs default= for keys with no value (there is no int64 NaN); "
+                         "nothing was read")
+    return code
 
 
 def typed(values: list[Any], dtype: Any, default: Any, keys: Any) -> Any:

@@ -309,12 +309,13 @@ class MapState(AsyncMapMethods, State):
         with ``dtype`` (int64 or float64) a numpy array, an absent entry reading
         as ``default`` (None: NaN for float64, ``ValueError`` for int64). One
         multi-map core call. O(len(keys))."""
+        from cowmap.state.columns import check_typed, typed
+
+        check_typed(dtype, default)
         ks, kgs, ns = self._column(keys, namespace)
         uks = self._user_keys(user_keys, len(kgs))
         out = replace_all(self._column_lookup(ks, kgs, ns, uks), _ABSENT, None)
         self._column_ticks(len(kgs))
-        from cowmap.state.columns import typed
-
         return typed(out, dtype, default, ks)
 
     def contains_many(self, keys: Any, user_keys: Any, *, namespace: Any = None) -> Any:

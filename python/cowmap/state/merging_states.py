@@ -102,10 +102,12 @@ class _MergingState(AsyncMergingMethods, State):
         """``get()`` of every key of the column ``keys``, in order, without
         changing the current key: a list, or with ``dtype`` (int64 or float64) a
         numpy array, a key with nothing stored reading as ``default`` (None: NaN
-        for float64, ``ValueError`` for int64). O(len(keys))."""
-        ks, kgs, ns = self._column(keys, namespace)
-        from cowmap.state.columns import typed
+        for float64; an int64 read needs one, else ``ValueError`` before
+        anything is read). O(len(keys))."""
+        from cowmap.state.columns import check_typed, typed
 
+        check_typed(dtype, default)
+        ks, kgs, ns = self._column(keys, namespace)
         out = self._each_row(ks, kgs, ns, lambda i: self.get())
         return typed(out, dtype, default, ks)
 
@@ -352,10 +354,10 @@ class ReducingState(_MergingState):
         now = self._kc.now() if t.ttl else 0
         if code == COL_INT64:
             return self._fold_ints(fold, ks, kgs, ns, vs, first, group, gkeys, gkgs, now)
-        try:  # Flink's getUnexpired per key: nothing refreshed or removed
-            prev, status = column_get(t.maps, gkgs, gkeys, ns, now, t.ttl, False, 0, t.return_expired, code, True)
-        except (TypeError, OverflowError):
-            return False
+        try:  # Flink's getUnexpired per key: nothing refreshed or removed; Python numbers only
+            prev, status = column_get(t.maps, gkgs, gkeys, ns, now, t.ttl, False, 0, t.return_expired, code, True, True)
+        except (TypeError, OverflowError, ValueError):
+            return False  # a stored value numpy must not convert (a numpy scalar, an array): row by row
         usable = (status == 1) | (status == 2) if t.return_expired else status == 1
         if code == COL_INT64 and fold is np.add:
             bound = float(np.abs(vs.astype(np.float64)).sum())

@@ -106,18 +106,19 @@ class ValueState(AsyncValueMethods, State):
         sequence. ``namespace``: the view's current one when None. Returns a
         list, or with ``dtype`` (int64 or float64) a numpy array; a key with no
         value reads as ``default`` (the descriptor's default value unless
-        given; for float64 None is NaN, for int64 a ``ValueError``).
+        given; for float64 None is NaN; an int64 read needs one, else
+        ``ValueError`` before anything is read).
         ``TypeError``/``ValueError`` for a bad key or one outside the backend's
         key-group range, before anything is read. O(len(keys)), a few C passes.
         """
         import numpy as np
 
-        from cowmap.state.columns import out_type
+        from cowmap.state.columns import check_typed
 
+        dflt = self._default if default is _DESCRIPTOR else default
+        code = check_typed(dtype, dflt)
         ks, kgs, ns = self._column(keys, namespace)
         t = self._t
-        code = out_type(dtype)
-        dflt = self._default if default is _DESCRIPTOR else default
         if t.ttl:
             values, status = column_get(
                 t.maps, kgs, ks, ns, self._kc.now(), t.ttl, t.update_on_read, dflt, t.return_expired, code
