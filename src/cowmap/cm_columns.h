@@ -242,11 +242,60 @@ typedef struct {
     int64_t k;
 } cm_crow;
 
+/* The fast passes' second stage for row r, whose slot has arrived: its head
+ * entry, requested whole (a TTL read needs its ts). In a write pass the slot
+ * is a hint: an insert may have changed it, and the row is resolved afresh. */
+CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r) {
+    uint32_t e = r->slot ? *r->slot : 0u;
+    r->head = e ? cm_E(r->m, e) : NULL;
+    if (e) cm_prefetch_entry(r->m, e);
+}
+
+/* The third stage, the head having arrived: the chain's next entry if the head
+ * is another key's, else the state, which a read INCREFs or reads and a write
+ * rewrites or releases (its refcount is written either way). */
+CM_ALWAYS_INLINE static inline void cm_crow_next(const cm_crow *r) {
+    const cm_entry *x = r->head;
+    if (x && !cm_hash_is(x, r->h)) { if (x->next) cm_prefetch_entry(r->m, x->next); }
+    else if (x) CM_PREFETCH_W(x->state);
+}
+
 /* Whether the fast read can take rows of map m: nothing of it can move or be
  * copied by a read (no rehash running; no copy-on-read, which a copier and a
  * live snapshot would make). */
 static inline int cm_col_fast_map(const cm_map *m) {
     return !m->rehash.capacity && !(m->copier && m->required);
+}
+
+/* Whether the fast write can take rows of map m: no rehash running and no
+ * live snapshot (whose copy-on-write the general pass does). */
+static inline int cm_col_fast_write_map(const cm_map *m) {
+    return !m->rehash.capacity && !m->required;
+}
+
+/* The fast passes' first stage for row i: its map (NULL when the pass cannot
+ * take the map: see cm_col_fast_map and cm_col_fast_write_map), hash and key,
+ * and its slot, requested. */
+CM_ALWAYS_INLINE static inline void cm_crow_start(cm_crow *r, const cm_col *c, Py_ssize_t i, uint32_t nsmix,
+                                                  const uint8_t *slow, int write) {
+    int32_t kg = c->kgs[i];
+    cm_map *m = c->maps[kg];
+    r->k = c->ikeys[i];
+    r->h = cm_mix(cm_int_hash(r->k), nsmix);
+    r->slot = NULL;
+    r->m = m && !slow[kg] && (write ? cm_col_fast_write_map(m) : cm_col_fast_map(m)) ? m : NULL;
+    if (r->m) {
+        const uint32_t *slot = cm_slot_at(m, r->h);
+        if (slot) { CM_PREFETCH(slot); r->slot = slot; }
+    }
+}
+
+/* Stages two and three for the rows CM_CD/3 and 2*CM_CD/3 behind row i. */
+CM_ALWAYS_INLINE static inline void cm_crow_stages(cm_crow *ring, Py_ssize_t i, Py_ssize_t n) {
+    Py_ssize_t j = i - (Py_ssize_t)(CM_CD / 3);
+    if (j >= 0 && j < n) cm_crow_head(&ring[j & (CM_CR - 1u)]);
+    j = i - (Py_ssize_t)(2 * CM_CD / 3);
+    if (j >= 0 && j < n) cm_crow_next(&ring[j & (CM_CR - 1u)]);
 }
 
 /* Pipelined int64 GET over all rows, for maps that nothing can move during
@@ -266,44 +315,9 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
     cm_probe p;
     p.key = NULL; p.is_int = 1; p.ns = c->ns;
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
-        if (i < n) {
-            cm_crow *r = &ring[i & (CM_CR - 1u)];
-            int32_t kg = c->kgs[i];
-            cm_map *m = c->maps[kg];
-            r->k = c->ikeys[i];
-            r->h = cm_mix(cm_int_hash(r->k), nsmix);
-            r->slot = NULL;
-            r->m = m && !slow[kg] && cm_col_fast_map(m) ? m : NULL;
-            if (r->m) {
-                const cm_table *t = &m->primary;
-                uint32_t b = r->h & (t->capacity - 1u);
-                const cm_page *pg = t->pages[b >> t->page_shift];
-                if (pg) {
-                    r->slot = &pg->slots[b & ((1u << t->page_shift) - 1u)];
-                    CM_PREFETCH(r->slot);
-                }
-            }
-        }
-        Py_ssize_t j = i - (Py_ssize_t)(CM_CD / 3);
-        if (j >= 0 && j < n) {
-            cm_crow *r = &ring[j & (CM_CR - 1u)];
-            uint32_t e = r->slot ? *r->slot : 0u;
-            r->head = e ? cm_E(r->m, e) : NULL;
-            if (e) {
-                CM_PREFETCH(r->head);
-                CM_PREFETCH((const char *)r->head + offsetof(cm_entry, ts) + sizeof(int64_t) - 1);
-            }
-        }
-        j = i - (Py_ssize_t)(2 * CM_CD / 3);
-        if (j >= 0 && j < n) {
-            const cm_crow *r = &ring[j & (CM_CR - 1u)];
-            const cm_entry *x = r->head;
-            /* the head has arrived: the chain's next entry if the head is another
-             * key's, else the state, which the read INCREFs and a typed read reads */
-            if (x && !cm_hash_is(x, r->h)) { if (x->next) cm_prefetch_hot(r->m, x->next); }
-            else if (x) CM_PREFETCH_W(x->state);
-        }
-        j = i - (Py_ssize_t)CM_CD;
+        if (i < n) cm_crow_start(&ring[i & (CM_CR - 1u)], c, i, nsmix, slow, 0);
+        cm_crow_stages(ring, i, n);
+        Py_ssize_t j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
         const cm_crow *r = &ring[j & (CM_CR - 1u)];
         int32_t kg = c->kgs[j];
@@ -348,12 +362,6 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
     return 0;
 }
 
-/* Whether the fast write can take rows of map m: no rehash running and no
- * live snapshot (whose copy-on-write the general pass does). */
-static inline int cm_col_fast_write_map(const cm_map *m) {
-    return !m->rehash.capacity && !m->required;
-}
-
 /* Pipelined int64 PUT over all rows, the pipeline of cm_batch_fast_run across
  * maps: slots prefetched CM_CD rows ahead, head entries CM_CD/3 later, the
  * chain's next entry another CM_CD/3 later; each row is then resolved afresh
@@ -369,36 +377,9 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
     cm_probe p;
     p.key = NULL; p.is_int = 1; p.ns = c->ns;
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
-        if (i < n) {
-            cm_crow *r = &ring[i & (CM_CR - 1u)];
-            int32_t kg = c->kgs[i];
-            cm_map *m = c->maps[kg];
-            r->k = c->ikeys[i];
-            r->h = cm_mix(cm_int_hash(r->k), nsmix);
-            r->m = m && !slow[kg] && cm_col_fast_write_map(m) ? m : NULL;
-            r->slot = NULL;
-            if (r->m) {
-                const uint32_t *slot = cm_slot_at(m, r->h);
-                if (slot) { CM_PREFETCH(slot); r->slot = slot; }
-            }
-        }
-        Py_ssize_t j = i - (Py_ssize_t)(CM_CD / 3);
-        if (j >= 0 && j < n) {
-            cm_crow *r = &ring[j & (CM_CR - 1u)];
-            uint32_t e = r->slot ? *r->slot : 0u; /* a hint: an insert may have changed it */
-            r->head = e ? cm_E(r->m, e) : NULL;
-            if (e) cm_prefetch_entry(r->m, e);
-        }
-        j = i - (Py_ssize_t)(2 * CM_CD / 3);
-        if (j >= 0 && j < n) {
-            const cm_crow *r = &ring[j & (CM_CR - 1u)];
-            const cm_entry *x = r->head;
-            /* the next entry if the head is another key's, else the state the
-             * write will release (its refcount is written) */
-            if (x && !cm_hash_is(x, r->h)) { if (x->next) cm_prefetch_entry(r->m, x->next); }
-            else if (x) CM_PREFETCH_W(x->state);
-        }
-        j = i - (Py_ssize_t)CM_CD;
+        if (i < n) cm_crow_start(&ring[i & (CM_CR - 1u)], c, i, nsmix, slow, 1);
+        cm_crow_stages(ring, i, n);
+        Py_ssize_t j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
         const cm_crow *r = &ring[j & (CM_CR - 1u)];
         int32_t kg = c->kgs[j];

@@ -153,3 +153,28 @@ def as_input(keys: list[Any], form: str) -> Any:
 
 
 forms = st.sampled_from(["list", "tuple", "numpy", "pandas", "arrow"])
+
+
+def shared_step(pair: Pair, step: tuple[Any, ...], name: str, kind: str) -> bool:
+    """Run a step every differential program has (the clock, the namespace, taking
+    and checking snapshots) on both backends; False for any other step."""
+    op = step[0]
+    if op == "tick":
+        pair.now += step[1]
+    elif op == "ns":
+        for s in pair.states:
+            s.set_current_namespace(step[1])
+    elif op == "snap":
+        pair.take_snapshot()
+    elif op == "check":
+        if pair.snaps:
+            i = step[1] % len(pair.snaps)
+            a, b, at = pair.snaps[i]
+            assert snapshot_entries(a, name, kind, pair, at) == snapshot_entries(b, name, kind, pair, at)
+            if step[2]:
+                a.release()
+                b.release()
+                del pair.snaps[i]
+    else:
+        return False
+    return True

@@ -208,3 +208,27 @@ class Model:
 
     def copy(self) -> Model:
         return copy.deepcopy(self)
+
+
+# The aggregate function the state tests share: a mutable accumulator.
+from cowmap.state import AggregateFunction  # noqa: E402
+
+
+class SumCount(AggregateFunction):
+    """A mutable accumulator, changed in place: snapshots must not see that."""
+
+    def create_accumulator(self) -> list[int]:
+        return [0, 0]
+
+    def add(self, value: int, acc: list[int]) -> list[int]:
+        acc[0] += value
+        acc[1] += 1
+        return acc
+
+    def get_result(self, acc: list[int]) -> int:
+        return acc[0] * 1000 + acc[1]
+
+    def merge(self, a: list[int], b: list[int]) -> list[int]:
+        a[0] += b[0]
+        a[1] += b[1]
+        return a

@@ -17,11 +17,10 @@ from typing import Any
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from state_model import Model
+from state_model import Model, SumCount
 
 from cowmap.state import (
     VOID_NAMESPACE,
-    AggregateFunction,
     AggregatingStateDescriptor,
     KeyedStateBackend,
     ListStateDescriptor,
@@ -39,26 +38,6 @@ VALUES = st.integers(-5, 50)
 UKEYS = st.integers(0, 5) | st.sampled_from(["x", "y"])
 TTL = 10
 MAX_TS = (1 << 63) - 1
-
-
-class SumCount(AggregateFunction):
-    """A mutable accumulator, changed in place: snapshots must not see that."""
-
-    def create_accumulator(self) -> list[int]:
-        return [0, 0]
-
-    def add(self, value: int, acc: list[int]) -> list[int]:
-        acc[0] += value
-        acc[1] += 1
-        return acc
-
-    def get_result(self, acc: list[int]) -> int:
-        return acc[0] * 1000 + acc[1]
-
-    def merge(self, a: list[int], b: list[int]) -> list[int]:
-        a[0] += b[0]
-        a[1] += b[1]
-        return a
 
 
 class BackendMachine(RuleBasedStateMachine):

@@ -16,38 +16,21 @@ from columns_harness import (
     live_entries,
     mixed_keys,
     namespaces,
+    shared_step,
     small_keys,
     ttl_configs,
 )
-from columns_harness import snapshot_entries as snap_view
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from state_model import SumCount
 
 from cowmap import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     KeyedStateBackend,
     ListStateDescriptor,
     MapStateDescriptor,
     ReducingStateDescriptor,
 )
-
-
-class SumCount(AggregateFunction):
-    def create_accumulator(self) -> list[int]:
-        return [0, 0]
-
-    def add(self, value: int, acc: list[int]) -> list[int]:
-        acc[0] += value
-        acc[1] += 1
-        return acc
-
-    def get_result(self, acc: list[int]) -> tuple[int, int]:
-        return acc[0], acc[1]
-
-    def merge(self, a: list[int], b: list[int]) -> list[int]:
-        return [a[0] + b[0], a[1] + b[1]]
-
 
 # kind -> (descriptor factory, backend getter, write op, read op(s))
 KINDS: dict[str, tuple[Any, str]] = {
@@ -97,23 +80,7 @@ def run(kind: str, pair: Pair, program: list[tuple[Any, ...]]) -> None:
     skind = SNAP_KIND.get(kind, kind)
     for step in program:
         op = step[0]
-        if op == "tick":
-            pair.now += step[1]
-        elif op == "ns":
-            col.set_current_namespace(step[1])
-            loop.set_current_namespace(step[1])
-        elif op == "snap":
-            pair.take_snapshot()
-        elif op == "check":
-            if pair.snaps:
-                i = step[1] % len(pair.snaps)
-                a, b, at = pair.snaps[i]
-                assert snap_view(a, "s", skind, pair, at) == snap_view(b, "s", skind, pair, at)
-                if step[2]:
-                    a.release()
-                    b.release()
-                    del pair.snaps[i]
-        else:
+        if not shared_step(pair, step, "s", skind):
             _, ks, uks, vs, form, ns = step
             k_in = as_input(ks, form)
             before = pair.col.get_current_key()

@@ -14,10 +14,10 @@ from columns_harness import (
     live_entries,
     mixed_keys,
     namespaces,
+    shared_step,
     small_keys,
     ttl_configs,
 )
-from columns_harness import snapshot_entries as snap_view
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -54,23 +54,7 @@ def run(pair: Pair, program: list[tuple[Any, ...]]) -> None:
     col, loop = pair.col_state, pair.loop_state
     for step in program:
         op = step[0]
-        if op == "tick":
-            pair.now += step[1]
-        elif op == "ns":
-            col.set_current_namespace(step[1])
-            loop.set_current_namespace(step[1])
-        elif op == "snap":
-            pair.take_snapshot()
-        elif op == "check":
-            if pair.snaps:
-                i = step[1] % len(pair.snaps)
-                a, b, at = pair.snaps[i]
-                assert snap_view(a, "v", "value", pair, at) == snap_view(b, "v", "value", pair, at)
-                if step[2]:
-                    a.release()
-                    b.release()
-                    del pair.snaps[i]
-        else:
+        if not shared_step(pair, step, "v", "value"):
             _, ks, vs, form, ns, dtype = step
             before = pair.col.get_current_key()
             if op == "get":
