@@ -154,36 +154,50 @@ static inline int cm_col_fold_value(const cm_col *c, const cm_entry *e, int64_t 
     return 1;
 }
 
+/* Note row i as unfit for the fold (left as it is): 0, or -1. */
+static int cm_col_unfit(const cm_col *c, Py_ssize_t i) {
+    PyObject *ix = PyLong_FromSsize_t(i);
+    int r = ix ? PyList_Append(c->unfit, ix) : -1;
+    Py_XDECREF(ix);
+    return r;
+}
+
+/* The new state object of row i (FOLD: the int v), a new reference. */
+static inline PyObject *cm_col_new_state(const cm_col *c, Py_ssize_t i, int64_t v) {
+    return c->op == CM_COL_FOLD ? PyLong_FromLongLong(v) : cm_col_state(c, i);
+}
+
+/* Row i's number (FOLD: v) written over the number of the map's own entry w,
+ * in place, when nothing but w holds that number (nothing allocated or freed):
+ * 1 done (state version and ts set), 0 not (the caller makes a new object). */
+static inline int cm_col_rewrite(cm_map *m, uint32_t w, const cm_col *c, Py_ssize_t i, int64_t v) {
+    cm_entry *e = cm_E(m, w);
+    if (cm_state_shared(m, e)) return 0;
+    int done = c->op == CM_COL_FOLD ? cm_int_rewrite(e->state, v)
+             : c->istates           ? cm_int_rewrite(e->state, c->istates[i])
+             : c->fstates           ? cm_float_rewrite(e->state, c->fstates[i])
+                                    : 0;
+    if (done) {
+        e->sv = m->version;
+        e->ts = c->ts;
+    }
+    return done;
+}
+
 /* Row i of a FOLD in map m: see cm_col. */
 static int cm_col_fold_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t i) {
     cm_loc loc;
     if (cm_locate(m, p, &loc) < 0) return -1;
     int64_t v = c->istates[i];
+    uint32_t w = 0;
     if (loc.found) {
-        cm_entry *e = cm_E(m, loc.idx);
-        if (!cm_col_fold_value(c, e, &v)) {
-            PyObject *ix = PyLong_FromSsize_t(i);
-            int r = ix ? PyList_Append(c->unfit, ix) : -1;
-            Py_XDECREF(ix);
-            return r;
-        }
-        uint32_t w = cm_writable(m, p, &loc);
-        if (!w) return -1;
-        e = cm_E(m, w);
-        if (cm_state_shared(m, e) || !cm_int_rewrite(e->state, v)) {
-            PyObject *st = PyLong_FromLongLong(v);
-            if (!st) return -1;
-            cm_set_state(m, w, st, c->ts);
-        } else {
-            e->sv = m->version;
-            e->ts = c->ts;
-        }
-        return 0;
+        if (!cm_col_fold_value(c, cm_E(m, loc.idx), &v)) return cm_col_unfit(c, i);
+        if (!(w = cm_writable(m, p, &loc))) return -1;
+        if (cm_col_rewrite(m, w, c, i, v)) return 0;
     }
-    PyObject *st = PyLong_FromLongLong(v);
+    PyObject *st = cm_col_new_state(c, i, v);
     if (!st) return -1;
-    uint32_t w = cm_add_entry(m, p, loc.t);
-    if (!w) { cm_grave(m, st); return -1; }
+    if (!w && !(w = cm_add_entry(m, p, loc.t))) { cm_grave(m, st); return -1; }
     cm_set_state(m, w, st, c->ts);
     return 0;
 }
@@ -404,32 +418,14 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         int64_t fv = 0; /* FOLD: the value to write */
         if (c->op == CM_COL_FOLD) {
             fv = c->istates[j];
-            if (hit) {
-                const cm_entry *e = cm_E(m, hit);
-                int r = cm_col_fold_value(c, e, &fv);
-                if (r < 0) return -1;
-                if (r == 0) { /* unfit: left as it is, its index noted */
-                    PyObject *ix = PyLong_FromSsize_t(j);
-                    int rc = ix ? PyList_Append(c->unfit, ix) : -1;
-                    Py_XDECREF(ix);
-                    if (rc < 0) return -1;
-                    continue;
-                }
-            }
-        }
-        if (hit) {
-            /* a number over a number only this entry holds (no snapshot: the map
-             * has none live here): rewritten where it is, nothing allocated or freed */
-            cm_entry *e = cm_E(m, hit);
-            if ((c->op == CM_COL_FOLD && cm_int_rewrite(e->state, fv)) ||
-                (c->op != CM_COL_FOLD && c->istates && cm_int_rewrite(e->state, c->istates[j])) ||
-                (c->fstates && cm_float_rewrite(e->state, c->fstates[j]))) {
-                e->sv = m->version;
-                e->ts = c->ts;
+            if (hit && !cm_col_fold_value(c, cm_E(m, hit), &fv)) {
+                if (cm_col_unfit(c, j) < 0) return -1;
                 continue;
             }
         }
-        PyObject *st = c->op == CM_COL_FOLD ? PyLong_FromLongLong(fv) : cm_col_state(c, j);
+        /* no snapshot is live here: a hit is the map's own entry */
+        if (hit && cm_col_rewrite(m, hit, c, j, fv)) continue;
+        PyObject *st = cm_col_new_state(c, j, fv);
         if (!st) return -1;
         if (!hit && !(hit = cm_add_entry(m, &p, &m->primary))) { cm_grave(m, st); return -1; }
         cm_set_state(m, hit, st, c->ts);

@@ -279,7 +279,7 @@ class MapState(AsyncMapMethods, State):
         keys = ks.tolist() if hasattr(ks, "tolist") else list(ks)  # an int64 array, or a tuple
         if ns is VOID_NAMESPACE:
             return keys, keys
-        return keys, [(k, ns, NS_MARKER) for k in keys]
+        return keys, map_contexts(keys, [ns] * len(keys), VOID_NAMESPACE, NS_MARKER)
 
     def _column_lookup(self, ks: Any, kgs: Any, ns: Any, uks: list[Any]) -> list[Any]:
         """``_lookup`` of every row in one multi-map call: the stored values, with

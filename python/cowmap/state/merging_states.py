@@ -15,7 +15,6 @@ from typing import Any
 
 from cowmap._core import (
     COL_FLOAT64,
-    COL_INT64,
     EXPIRED,
     FOLD_ADD,
     FOLD_MAX,
@@ -292,15 +291,14 @@ class ReducingState(_MergingState):
         ks, kgs, ns = self._column(keys, namespace)
         n = len(kgs)
         vs = value_column(values, n)
-        fold = _ufunc_of(self._t.descriptor.reduce_function)
+        fn = self._t.descriptor.reduce_function
+        fold = _ufunc_of(fn)
         if fold is not None and isinstance(vs, np.ndarray) and self._fold_column(fold, ks, kgs, ns, vs):
             self._column_ticks(n)
             return
         vals = vs.tolist() if isinstance(vs, np.ndarray) else list(vs)
         self._check_values(vals)
-        fn = self._t.descriptor.reduce_function
-        if fn is np.add or fn is np.minimum or fn is np.maximum:
-            # a numpy ufunc takes numbers: refuse anything else before a row is added
+        if fold is fn:  # a numpy ufunc takes numbers: refuse anything else before a row is added
             for i, v in enumerate(vals):
                 if not isinstance(v, numbers.Number):
                     raise TypeError(
@@ -342,29 +340,24 @@ class ReducingState(_MergingState):
 
     def _fold_column(self, fold: Any, ks: Any, kgs: Any, ns: Any, vs: Any) -> bool:
         """``add_many`` through numpy: False, with nothing changed, when a stored
-        value does not suit (not a number of the column's kind, or an int sum
-        that could leave int64), for the caller to add row by row."""
+        value does not suit (not a Python number, or an int sum that could leave
+        int64), for the caller to add row by row."""
         import numpy as np
 
         t = self._t
         first, group = column_groups(ks)
         gkeys = ks[first] if isinstance(ks, np.ndarray) else tuple(ks[i] for i in first.tolist())
         gkgs = np.ascontiguousarray(kgs[first])
-        code = COL_INT64 if vs.dtype.kind == "i" else COL_FLOAT64
         now = self._kc.now() if t.ttl else 0
-        if code == COL_INT64:
+        if vs.dtype.kind == "i":  # value_column gives int64 or float64
             return self._fold_ints(fold, ks, kgs, ns, vs, first, group, gkeys, gkgs, now)
         try:  # Flink's getUnexpired per key: nothing refreshed or removed; Python numbers only
-            prev, status = column_get(t.maps, gkgs, gkeys, ns, now, t.ttl, False, 0, t.return_expired, code, True, True)
+            prev, status = column_get(
+                t.maps, gkgs, gkeys, ns, now, t.ttl, False, 0, t.return_expired, COL_FLOAT64, True, True
+            )
         except (TypeError, OverflowError, ValueError):
             return False  # a stored value numpy must not convert (a numpy scalar, an array): row by row
         usable = (status == 1) | (status == 2) if t.return_expired else status == 1
-        if code == COL_INT64 and fold is np.add:
-            bound = float(np.abs(vs.astype(np.float64)).sum())
-            if usable.any():
-                bound += float(np.abs(prev[usable].astype(np.float64)).max())
-            if bound >= 2.0**62:
-                return False
         acc = np.where(usable, prev, vs[first])
         apply = np.ones(len(vs), dtype=np.bool_)
         apply[first[~usable]] = False  # a key with nothing usable starts from its first row
