@@ -25,6 +25,7 @@ CORE_EXAMPLE = "CopyOnWriteStateMap"
 KEYED_STATE_EXAMPLE = "KeyedStateBackend(max_parallelism"
 ASYNC_EXAMPLE = "AsyncExecutionController"
 COLUMNAR_EXAMPLE = "add_many(batch"
+CHECKPOINT_EXAMPLE = "CheckpointStorage("
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -67,11 +68,17 @@ def test_readme_columnar_example_runs(capsys):
     assert capsys.readouterr().out.splitlines() == ["[2 1 1 0]"]
 
 
+def test_readme_checkpoint_example_runs(capsys):
+    namespace = run_readme_example(CHECKPOINT_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == ["41"]
+    assert namespace["storage"].checkpoints() == [namespace["checkpoint_id"]]
+
+
 def test_every_python_example_in_the_docs_is_run():
     """Each python block of README.md is the one some test above runs, and docs/*.md has none
     (an example added there needs a test here that runs it and checks what it shows)."""
     blocks = python_blocks(ROOT / "README.md")
-    markers = (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE, COLUMNAR_EXAMPLE)
+    markers = (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE, COLUMNAR_EXAMPLE, CHECKPOINT_EXAMPLE)
     run = [next(b for b in blocks if marker in b) for marker in markers]
     assert [b for b in blocks if b not in run] == []
     assert {doc.name: n for doc in (ROOT / "docs").glob("*.md") if (n := len(python_blocks(doc)))} == {}

@@ -268,3 +268,16 @@ def user_insert_many(
     ts: int = ...,
 ) -> None: ...
 def dir_copy(dc: list[Any]) -> list[Any]: ...
+
+def snapshot_columns(
+    snap: StateMapSnapshot, namespace: Any
+) -> tuple[
+    npt.NDArray[np.int64] | list[Any],
+    list[Any] | None,
+    npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+    npt.NDArray[np.int64],
+]:
+    """``(keys, namespaces, states, timestamps)`` of every entry of ``snap`` in storage
+    order: keys an int64 array when every key is an int64, namespaces None when every
+    one is ``namespace``, states an int64 / float64 array when every one is an exact
+    int64 / float; otherwise lists. ``RuntimeError`` for a released snapshot."""

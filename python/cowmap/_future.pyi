@@ -59,6 +59,7 @@ class RecordContext:
     key_group: Any
     epoch: Any
     priority: Any
+    seq: int
     refs: int
     holds_key: bool
     def __init__(self, aec: Any, record: Any, key: Any, key_group: Any, epoch: Any, priority: Any = 0) -> None: ...

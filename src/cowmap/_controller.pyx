@@ -106,6 +106,10 @@ cdef inline bint _same_group(StateFuture a, StateFuture b):
     return _rq_state(a) is _rq_state(b) and (_rq_op(a) is _rq_op(b) or _rq_op(a) == _rq_op(b))
 
 
+def _seq_of(ctx):
+    return (<RecordContext>ctx).seq
+
+
 @cython.no_gc_clear  # its buffers must outlive a GC clear: __dealloc__ walks them
 cdef class AsyncExecutionController(ControllerBase):
     """Runs the async state requests of records, one record per key at a time.
@@ -157,6 +161,10 @@ cdef class AsyncExecutionController(ControllerBase):
     # runs the active buffer if it is older than its deadline, else waits again
     cdef bint _timer_armed
     cdef bint _running  # a batch is running (trigger): no other starts inside it
+    # an unaligned checkpoint is being taken: a key freed by its record is not handed
+    # on to the records waiting for it (they are written with the checkpoint)
+    cdef bint _barrier
+    cdef Py_ssize_t _seq  # records made so far (RecordContext.seq)
     cdef double _batch_deadline
     cdef object __weakref__
     # the first exception a user callback raised in the batch being run (it is
@@ -317,6 +325,8 @@ cdef class AsyncExecutionController(ControllerBase):
         ctx.key_group = kg
         ctx.epoch = self._epoch
         ctx.priority = priority
+        ctx.seq = self._seq
+        self._seq += 1
         ctx.refs = 1  # held while fn runs
         ctx._aec_ref = self._self_ref  # (untracked: see "GC visibility")
         self._epoch.records += 1
@@ -365,7 +375,9 @@ cdef class AsyncExecutionController(ControllerBase):
         req._fn3 = args
         req._aux = ns
         req._one_arg = one_arg
-        if ctx.holds_key or self._try_occupy(ctx):
+        if ctx.holds_key or (
+            not (self._barrier and ctx.key in self._blocking) and self._try_occupy(ctx)
+        ):
             self._insert_active(req)
         elif ctx._waiting is not None:  # queued for the key already
             ctx._waiting.append(req)
@@ -408,25 +420,9 @@ cdef class AsyncExecutionController(ControllerBase):
         if ctx.holds_key:
             ctx.holds_key = False
             q = self._blocking.get(ctx.key) if ctx._waited_for else None
-            if not q:
-                del self._holders[ctx.key]
-            else:  # the next record of this key takes it, with all its waiting requests: O(1)
-                nxt = <RecordContext>q.popleft()
-                if not q:
-                    del self._blocking[ctx.key]
-                self._holders[ctx.key] = nxt
-                nxt.holds_key = True
-                nxt._waited_for = bool(q)
-                mine = nxt._waiting
-                nxt._waiting = None
-                for r in mine:
-                    # a sync point runs here: if its callback raises, the record's
-                    # other requests and this one's epoch are still seen to
-                    try:
-                        self._insert_active(<StateFuture>r)
-                    except BaseException as exc:
-                        if error is None:
-                            error = exc
+            del self._holders[ctx.key]
+            if q and not self._barrier:
+                error = self._hand_over(ctx.key, q)
         ep = <_Epoch?>ctx.epoch
         ep.records -= 1
         if ep.records == 0 and ep.closed:
@@ -434,6 +430,82 @@ cdef class AsyncExecutionController(ControllerBase):
         if error is not None:
             raise error
         return 0
+
+    cdef object _hand_over(self, key, q):
+        """Give free ``key`` to the first record of its queue ``q``, with all its
+        waiting requests: O(1) but for those requests. Returns the first error a
+        sync point's callback raised there (the other requests are still queued), or None."""
+        cdef object error = None
+        nxt = <RecordContext>q.popleft()
+        if not q:
+            del self._blocking[key]
+        self._holders[key] = nxt
+        nxt.holds_key = True
+        nxt._waited_for = bool(q)
+        mine = nxt._waiting
+        nxt._waiting = None
+        for r in mine:
+            # a sync point runs here: if its callback raises, the record's
+            # other requests and this one's epoch are still seen to
+            try:
+                self._insert_active(<StateFuture>r)
+            except BaseException as exc:
+                if error is None:
+                    error = exc
+        return error
+
+    # ------------------------------------------------------------ unaligned checkpoints
+
+    def begin_unaligned_checkpoint(self, timeout=None):
+        """Finish the records that hold a key (they touch state) but start none of
+        those waiting for a busy key; returns the waiting ones as ``(key, record)``
+        pairs in arrival order. State is then consistent with those records not
+        processed: snapshot it, then call :meth:`end_unaligned_checkpoint`, which
+        lets them go on. Until then, new records of a key with waiting records
+        queue behind them. Not inside a record's processing (RuntimeError); an
+        error (or ``TimeoutError`` after ``timeout`` s) ends the barrier first.
+        O(records in flight)."""
+        self._check_thread()
+        self._check_not_in_record("begin_unaligned_checkpoint()")
+        if self._barrier:
+            raise RuntimeError("an unaligned checkpoint is already being taken")
+        cdef KeyContext kc = self._kc
+        key = kc.key
+        kg = kc.key_group
+        self._barrier = True
+        try:
+            while self._holders:
+                if not self._make_progress():
+                    if self._failure is not None:
+                        raise RuntimeError(
+                            f"records holding {len(self._holders)} keys can never finish: a callback failed "
+                            f"earlier ({self._failure!r})"
+                        ) from self._failure
+                    if not self.mailbox.run_until(lambda: len(self.mailbox) > 0 or not self._holders, timeout):
+                        raise TimeoutError(f"records still hold {len(self._holders)} keys after {timeout} s")
+        except BaseException:
+            self.end_unaligned_checkpoint()
+            raise
+        finally:
+            kc.restore(key, kg)
+        waiting = sorted((ctx for q in self._blocking.values() for ctx in q), key=_seq_of)
+        return [((<RecordContext>ctx).key, (<RecordContext>ctx).record) for ctx in waiting]
+
+    def end_unaligned_checkpoint(self):
+        """Let the records held back by :meth:`begin_unaligned_checkpoint` go on
+        (idempotent). O(keys with waiting records)."""
+        self._check_thread()
+        if not self._barrier:
+            return
+        self._barrier = False
+        cdef object error = None
+        for key in list(self._blocking):
+            if key not in self._holders:
+                e = self._hand_over(key, self._blocking[key])
+                if error is None:
+                    error = e
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------ batches
 

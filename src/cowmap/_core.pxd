@@ -45,6 +45,12 @@ cdef extern from "cowmap_core.h":
         const int64_t *ints
         Py_ssize_t n
 
+    int CM_X_KEYS_INT, CM_X_NS_SAME, CM_X_STATES_INT, CM_X_STATES_FLOAT
+    size_t cm_export_indices(const cm_map *m, const cm_snap *s, uint32_t *idx, uint32_t *tmp, size_t cap)
+    int cm_export_numbers(const cm_map *m, const uint32_t *idx, size_t n, const PyObject *ns0,
+                          int64_t *keys, int64_t *states, int64_t *ts)
+    object cm_export_list(const cm_map *m, const uint32_t *idx, size_t n, int field)
+
     int cm_init(cm_map *m, uint32_t capacity) except -1
     void cm_dealloc(cm_map *m)
     int cm_enter(cm_map *m) except -1

@@ -933,3 +933,4 @@ def multi_replace(list maps not None, list kgs not None, list keys not None, lis
     return _multi(_MULTI_REPLACE, maps, kgs, keys, namespaces, states, _as_time(ts), 0, 0)
 include "_columns.pxi"
 include "_userlink.pxi"
+include "_export.pxi"

@@ -38,6 +38,7 @@ cdef class RecordContext:
     cdef public object key_group
     cdef public object epoch
     cdef public object priority
+    cdef public Py_ssize_t seq  # arrival order at its controller
     cdef public Py_ssize_t refs
     cdef public bint holds_key
     cdef bint _waited_for  # holding the key, with other records queued for it

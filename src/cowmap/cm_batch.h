@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 4 of 8: many keys in one call.
+ * cowmap core, part 4 of 9: many keys in one call.
  *
  * The prefetch hints for batches spread over many maps (multi_get, multi_put
  * and multi_replace in _core.pyx), and the batch ops of one map (get_many,

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 8 of 8: columns, one pass over a batch of rows spread
+ * cowmap core, part 8 of 9: columns, one pass over a batch of rows spread
  * over the key-group maps of one state (the columnar state calls).
  *
  * A row is a key (an int64 or an object), the map of its key group and, for

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 1 of 8: the memory layout, and the helpers every other
+ * cowmap core, part 1 of 9: the memory layout, and the helpers every other
  * part uses.
  *
  * The sizes (bucket pages, entry chunks, rehash and reclaim steps), the

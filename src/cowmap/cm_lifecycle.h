@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 7 of 8: a map's start and end, and its size in memory.
+ * cowmap core, part 7 of 9: a map's start and end, and its size in memory.
  *
  * cm_init (as Flink's constructor: the capacity rounded up to a power of two
  * within [4, 2**30]), cm_dealloc (entries, pages, retire lists and chunks

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 3 of 8: the single-key operations, to be read side by
+ * cowmap core, part 3 of 9: the single-key operations, to be read side by
  * side with Flink's CopyOnWriteStateMap.
  *
  * Probes (a key and namespace hashed, cm_match), the busy flag (cm_enter and

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 6 of 8: walking the live map, and TTL.
+ * cowmap core, part 6 of 9: walking the live map, and TTL.
  *
  * Iteration of the live map by logical bucket (cm_collect_logical), the
  * incremental visitor (Flink's StateIncrementalVisitor: cm_visit_next hands

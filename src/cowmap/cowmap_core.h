@@ -48,6 +48,8 @@
  *   cm_lifecycle.h  init, dealloc, memory accounting
  *   cm_columns.h    columns: rows spread over a state's key-group maps, in
  *                   one pass (the columnar state calls)
+ *   cm_export.h     a snapshot read out whole in storage order, as columns
+ *                   (checkpoints)
  */
 #ifndef COWMAP_CORE_H
 #define COWMAP_CORE_H
@@ -60,5 +62,6 @@
 #include "cm_ttl.h"
 #include "cm_lifecycle.h"
 #include "cm_columns.h"
+#include "cm_export.h"
 
 #endif /* COWMAP_CORE_H */

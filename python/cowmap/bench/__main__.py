@@ -5,7 +5,9 @@ TTL off / default cleanup / cleanup every record, swept over entries per key at 
 state size, optionally side by side with Flink's heap backend (``--with-flink``); ``core`` --
 the compiled map's get/put/snapshot vs a dict; ``snapshot`` -- snapshot start and write time vs
 state size with updates running; ``columnar`` -- a pandas UDF's batches (1M rows over 200k keys in
-calls of 10k) through the columnar state calls vs the per-record loop vs a pandas Series.
+calls of 10k) through the columnar state calls vs the per-record loop vs a pandas Series;
+``checkpoint`` -- durable checkpoints of a 10M-entry ValueState + 1M-entry MapState (save,
+restore, save_async) vs pickle of a plain dict.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import sys
 import time
 from collections.abc import Callable
 
-SCENARIOS = ("ttl", "core", "snapshot", "columnar")
+SCENARIOS = ("ttl", "core", "snapshot", "columnar", "checkpoint")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -85,6 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--cases", type=_names(_columnar_cases()), default=_columnar_cases(),
                    help="some of " + ",".join(_columnar_cases()) + " (default all)")
     k.add_argument("--rows", type=int, default=None, help="columnar: rows per round (default 1,000,000)")
+    q = p.add_argument_group("checkpoint scenario")
+    q.add_argument("--entries", type=int, default=10_000_000, help="ValueState entries (default 10,000,000)")
+    q.add_argument("--map-entries", type=int, default=1_000_000, help="MapState entries (default 1,000,000)")
+    q.add_argument("--dir", default=None, help="where to write (default: the system's temporary directory)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats; the median is shown (default 5)")
     return p
 
@@ -141,6 +147,17 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.scenario == "columnar":
         return _main_columnar(parser, args, repeats)
+    if args.scenario == "checkpoint":
+        from cowmap.bench import checkpoint, report
+
+        if args.entries < 1 or args.map_entries < 0:
+            parser.error("--entries must be >= 1 and --map-entries >= 0")
+        res = checkpoint.run(args.entries, args.map_entries, args.repeats or 3, args.dir)
+        print("\n".join(checkpoint.report(res)))
+        if args.out:
+            report.write_json(args.out, {"scenario": "checkpoint", "format": 1, "result": res})
+            print(f"wrote {args.out}")
+        return 0
     if args.n is not None:
         parser.error("--n is for the core scenario (ttl: --records, --groups, --users-per-group)")
     if args.scenario == "snapshot":

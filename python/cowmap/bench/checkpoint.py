@@ -1,0 +1,184 @@
+"""The ``checkpoint`` scenario: durable checkpoints of a big backend, against pickle.
+
+A backend holds a ValueState of ``entries`` int keys with int values (written in random key
+order) and a MapState of ``map_entries`` user entries (10 per key); the checkpoint directory
+is a fresh local one. Side by side in one run, medians of ``repeats``:
+
+- full save (``CheckpointStorage.save``) vs ``pickle.dump`` of a plain ``{int: int}`` dict of
+  the ValueState's keys and values (inserted in the same random order), to the same disk;
+- restore into a fresh backend vs ``pickle.load`` of that file;
+- ``save_async``: records processed (ValueState read-modify-write per record) while the
+  checkpoint is written, against the rate with no checkpoint, and the longest stall (the
+  longest gap between two 1,000-record slices).
+
+Entries/s counts the ValueState entries only, for both sides; the MapState comes on top
+of ours.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from cowmap.checkpoint import CheckpointStorage
+from cowmap.state import KeyedStateBackend, MapStateDescriptor, ValueStateDescriptor
+
+#: (figure, target) for the report
+TARGETS = {
+    "save_rate": 3_000_000,
+    "restore_rate": 2_000_000,
+    "async_rate_ratio": 0.5,
+    "async_max_stall_ms": 20.0,
+}
+
+
+def build(entries: int, map_entries: int, seed: int = 7) -> tuple[KeyedStateBackend, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    keys = rng.permutation(entries).astype(np.int64)
+    values = rng.integers(0, 1 << 40, size=entries, dtype=np.int64)
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("value"))
+    for i in range(0, entries, 1_000_000):
+        v.update_many(keys[i : i + 1_000_000], values[i : i + 1_000_000])
+    if map_entries:
+        m = b.get_map_state(MapStateDescriptor("map"))
+        mk = np.repeat(np.arange(map_entries // 10, dtype=np.int64), 10)
+        uk = np.tile(np.arange(10, dtype=np.int64), map_entries // 10)
+        for i in range(0, len(mk), 1_000_000):
+            m.put_many(mk[i : i + 1_000_000], uk[i : i + 1_000_000], uk[i : i + 1_000_000] * 3)
+    return b, keys, values
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def _async_run(b: KeyedStateBackend, storage: CheckpointStorage | None, keys: list[int]) -> tuple[float, float]:
+    """Records/s of a read-modify-write loop over ``keys`` (with ``save_async``
+    running from the start when ``storage``), and the longest gap (ms) between
+    two slices of 1,000 records."""
+    v = b.get_state(ValueStateDescriptor("value"))
+    sck, value, update = b.set_current_key, v.value, v.update
+    handle = storage.save_async(b) if storage is not None else None
+    t0 = last = time.perf_counter()
+    stall = 0.0
+    done = 0
+    for i in range(0, len(keys), 1000):
+        for k in keys[i : i + 1000]:
+            sck(k)
+            update(value() + 1)
+        now = time.perf_counter()
+        stall = max(stall, now - last)
+        last = now
+        done += len(keys[i : i + 1000])
+        if handle is not None and handle.done():
+            break
+    elapsed = time.perf_counter() - t0
+    if handle is not None:
+        handle.result()
+    return done / elapsed, stall * 1000
+
+
+def run(entries: int = 10_000_000, map_entries: int = 1_000_000, repeats: int = 3,
+        directory: str | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    root = tempfile.mkdtemp(prefix="cowmap-ckbench-", dir=directory)
+    try:
+        log(f"building a backend of {entries:,} ValueState + {map_entries:,} MapState entries ...")
+        b, keys, values = build(entries, map_entries)
+        plain = dict(zip(keys.tolist(), values.tolist()))
+        pk = os.path.join(root, "plain.pkl")
+        saves, dumps, restores, loads, sizes = [], [], [], [], []
+        for r in range(repeats):
+            d = os.path.join(root, f"ck{r}")
+            storage = CheckpointStorage(d)
+            saves.append(_timed(partial(storage.save, b)))
+            sizes.append(sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)))
+
+            def dump(plain: dict[int, int] = plain) -> None:
+                with open(pk, "wb") as f:
+                    pickle.dump(plain, f, protocol=5)
+
+            dumps.append(_timed(dump))
+            fresh = KeyedStateBackend()
+            restores.append(_timed(partial(storage.restore, fresh)))
+            if fresh.num_entries() != b.num_entries():
+                raise AssertionError(f"restored {fresh.num_entries()} entries of {b.num_entries()}")
+            del fresh
+
+            def load() -> None:
+                with open(pk, "rb") as f:
+                    pickle.load(f)
+
+            loads.append(_timed(load))
+            shutil.rmtree(d)
+            log(f"  round {r + 1}: save {saves[-1]:.2f}s (pickle.dump {dumps[-1]:.2f}s), "
+                f"restore {restores[-1]:.2f}s (pickle.load {loads[-1]:.2f}s)")
+        del plain
+        loop_keys = keys[: min(entries, 2_000_000)].tolist()
+        base_rates, async_rates, stalls = [], [], []
+        for r in range(repeats):
+            base_rates.append(_async_run(b, None, loop_keys[:200_000])[0])
+            storage = CheckpointStorage(os.path.join(root, f"async{r}"))
+            rate, stall = _async_run(b, storage, loop_keys)
+            async_rates.append(rate)
+            stalls.append(stall)
+            log(f"  async round {r + 1}: {rate:,.0f} rec/s while saving vs {base_rates[-1]:,.0f} without, "
+                f"longest stall {stall:.1f} ms")
+        med = statistics.median
+        res = {
+            "entries": entries,
+            "map_entries": map_entries,
+            "save_s": med(saves),
+            "pickle_dump_s": med(dumps),
+            "restore_s": med(restores),
+            "pickle_load_s": med(loads),
+            "save_rate": entries / med(saves),
+            "restore_rate": entries / med(restores),
+            "checkpoint_bytes": med(sizes),
+            "pickle_bytes": os.path.getsize(pk),
+            "async_rate": med(async_rates),
+            "base_rate": med(base_rates),
+            "async_rate_ratio": med(async_rates) / med(base_rates),
+            "async_max_stall_ms": max(stalls),
+            "raw": {"save": saves, "dump": dumps, "restore": restores, "load": loads,
+                    "async": async_rates, "base": base_rates, "stalls": stalls},
+        }
+        return res
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def report(res: dict[str, Any]) -> list[str]:
+    def met(ok: bool) -> str:
+        return "met" if ok else "NOT met"
+
+    lines = [
+        f"checkpoint: {res['entries']:,} ValueState entries + {res['map_entries']:,} MapState entries, local disk",
+        f"  full save   {res['save_s']:.2f} s = {res['save_rate']:,.0f} entries/s "
+        f"(target >= {TARGETS['save_rate']:,}: {met(res['save_rate'] >= TARGETS['save_rate'])}); "
+        f"pickle.dump {res['pickle_dump_s']:.2f} s -> {res['pickle_dump_s'] / res['save_s']:.2f}x "
+        f"({met(res['save_s'] < res['pickle_dump_s'])})",
+        f"  restore     {res['restore_s']:.2f} s = {res['restore_rate']:,.0f} entries/s "
+        f"(target >= {TARGETS['restore_rate']:,}: {met(res['restore_rate'] >= TARGETS['restore_rate'])}); "
+        f"pickle.load {res['pickle_load_s']:.2f} s -> {res['pickle_load_s'] / res['restore_s']:.2f}x "
+        f"({met(res['restore_s'] < res['pickle_load_s'])})",
+        f"  size        {res['checkpoint_bytes']:,} bytes (pickle of the dict: {res['pickle_bytes']:,})",
+        f"  save_async  {res['async_rate']:,.0f} rec/s vs {res['base_rate']:,.0f} without = "
+        f"{res['async_rate_ratio']:.2f} ({met(res['async_rate_ratio'] >= TARGETS['async_rate_ratio'])}); "
+        f"longest stall {res['async_max_stall_ms']:.1f} ms "
+        f"({met(res['async_max_stall_ms'] <= TARGETS['async_max_stall_ms'])})",
+    ]
+    return lines

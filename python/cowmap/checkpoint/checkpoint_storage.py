@@ -1,0 +1,276 @@
+"""``CheckpointStorage``: save a backend's states durably and restore them."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from cowmap.checkpoint.columns import PICKLE, Serializer, serializer_name
+from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, DataFileWriter, Section
+from cowmap.checkpoint.pending import decode_pending, encode_pending
+from cowmap.checkpoint.states import KEY_HASH, check_compatible, encode_block, restore_blocks, state_headers
+from cowmap.checkpoint.storage import Store, data_id, data_name, manifest_name
+from cowmap.state.backend import KeyedStateBackend
+from cowmap.state.snapshot import KeyedStateSnapshot
+
+__all__ = ["CheckpointStorage", "SaveHandle"]
+
+
+class SaveHandle:
+    """A checkpoint being written by :meth:`CheckpointStorage.save_async`."""
+
+    def __init__(self, future: Future[int]) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        """True once the write has ended, committed or failed."""
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> int:
+        """The committed checkpoint's id, waiting up to ``timeout`` seconds (None:
+        as long as it takes); the write's error if it failed; ``TimeoutError``."""
+        return self._future.result(timeout)
+
+    def __repr__(self) -> str:
+        return f"<SaveHandle {'done' if self.done() else 'running'}>"
+
+
+class CheckpointStorage:
+    """Numbered checkpoints of keyed state backends in one directory of any
+    ``pyarrow.fs`` filesystem.
+
+    ``uri``: a local path (the default filesystem) or a URI pyarrow knows
+    (``s3://bucket/path``, ``hdfs://...``, ``gs://...``, ``file:///...``);
+    or pass ``filesystem=`` and a path on it.
+
+    A checkpoint is committed atomically: it exists (in :meth:`checkpoints`)
+    only once every byte of it is written, so a process killed mid-save leaves
+    the previous checkpoints as they were. Anything damaged raises
+    :class:`~cowmap.checkpoint.CorruptCheckpointError`, never a silent fallback.
+
+    One writer per directory at a time (one storage object may be shared by
+    threads: its saves run one after another). Restoring from any number of
+    processes is fine.
+    """
+
+    def __init__(self, uri: str | os.PathLike[str], *, filesystem: pafs.FileSystem | None = None) -> None:
+        self._store = Store(uri, filesystem)
+        self.uri = os.fspath(uri)
+
+    # ------------------------------------------------------------ listing
+
+    def checkpoints(self) -> list[int]:
+        """The ids of the committed checkpoints, oldest first. O(files in the directory)."""
+        return self._store.committed()
+
+    def latest(self) -> int | None:
+        """The newest committed checkpoint's id, or None."""
+        ids = self.checkpoints()
+        return ids[-1] if ids else None
+
+    def manifest(self, checkpoint_id: int) -> dict[str, Any]:
+        """The checked manifest of a committed checkpoint: its files, states and counts."""
+        return self._store.manifest(checkpoint_id)
+
+    # ------------------------------------------------------------ saving
+
+    def save(self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None) -> int:
+        """Write every state of ``backend`` as a new checkpoint; returns its id
+        (greater than every id in the directory). Consistent at the call (a
+        copy-on-write snapshot). O(entries).
+
+        With ``controller`` (the backend's ``AsyncExecutionController``), an
+        unaligned-style checkpoint: the records holding a key are finished, the
+        records waiting for a busy key are not started but written with the
+        checkpoint as ``(key, record)`` pairs (each must be picklable:
+        ``TypeError`` naming the key otherwise, before anything is written), and
+        :meth:`restore` returns them. The waiting records then go on."""
+        _check_backend(backend)
+        snap, pending = self._begin(backend, controller)
+        try:
+            return self._write(snap, pending)
+        finally:
+            snap.release()
+
+    def save_async(
+        self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None
+    ) -> SaveHandle:
+        """Take the snapshot now (with ``controller``: as :meth:`save` says) and
+        write it on a background thread while the caller goes on using
+        ``backend``; the snapshot is released when the write ends. ``result()``
+        of the handle gives the id or raises the write's error."""
+        _check_backend(backend)
+        snap, pending = self._begin(backend, controller)
+        future: Future[int] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(self._write(snap, pending))
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through result()
+                future.set_exception(e)
+            finally:
+                snap.release()
+
+        threading.Thread(target=run, name="cowmap-checkpoint", daemon=True).start()
+        return SaveHandle(future)
+
+    def _begin(self, backend: KeyedStateBackend, controller: Any) -> tuple[KeyedStateSnapshot, Section | None]:
+        """The snapshot a save writes, and with a controller the encoded records
+        waiting at it."""
+        if controller is None:
+            return backend.snapshot(), None
+        if getattr(controller, "backend", None) is not backend:
+            raise ValueError("controller must be the AsyncExecutionController of the backend being saved")
+        waiting = controller.begin_unaligned_checkpoint()
+        try:
+            pending = encode_pending(backend, waiting)
+            snap = backend.snapshot()
+        finally:
+            controller.end_unaligned_checkpoint()
+        return snap, pending
+
+    def _write(self, snap: KeyedStateSnapshot, pending: Section | None) -> int:
+        store = self._store
+        with store.lock:
+            cid = store.next_id()
+            names = snap.state_names()
+            header = {
+                "checkpoint_id": cid,
+                "type": "full",
+                "max_parallelism": snap.max_parallelism,
+                "key_group_range": [snap.key_group_range.start, snap.key_group_range.end],
+                "key_hash": KEY_HASH,
+                "timestamp": snap.timestamp,
+                "states": state_headers(snap),
+            }
+            kgs = sorted({kg for name in names for kg in snap.key_groups(name)})
+            rows = 0
+            with store.atomic(data_name(cid)) as out:
+                w = DataFileWriter(out, header)
+                for kg in kgs:
+                    sections = encode_block(snap, kg)
+                    if sections:
+                        w.block(kg, sections)
+                        rows += sum(n for _, n, _ in sections)
+                if pending is not None:
+                    w.block(PENDING_BLOCK, [pending])
+                size = w.finish()
+            store.write_manifest(
+                cid,
+                {
+                    "type": "full",
+                    "files": [{"name": data_name(cid), "size": size}],
+                    "entries": rows,
+                    "pending_records": pending[1] if pending is not None else 0,
+                    "max_parallelism": snap.max_parallelism,
+                    "states": names,
+                },
+            )
+            return cid
+
+    # ------------------------------------------------------------ restoring
+
+    def restore(self, backend: KeyedStateBackend, checkpoint_id: int | None = None) -> list[Any]:
+        """Load the entries of checkpoint ``checkpoint_id`` (the latest committed
+        when None) whose key groups ``backend`` owns; returns the records that
+        were waiting when it was saved (an empty list without a controller).
+
+        Every file the restore needs is read and checked before anything
+        changes: ``CorruptCheckpointError`` (naming the file and block) for
+        damage, ``FileNotFoundError`` without a committed checkpoint,
+        ``ValueError`` for another ``max_parallelism`` or a state registered
+        with another kind or TTL setting — and then ``backend`` is unchanged.
+        Call it once per old checkpoint directory to merge several (rescaling).
+        O(restored entries).
+        """
+        _check_backend(backend)
+        ids = self.checkpoints()
+        if not ids:
+            raise FileNotFoundError(f"no committed checkpoint in {self.uri!r}")
+        cid = ids[-1] if checkpoint_id is None else checkpoint_id
+        manifest = self._store.manifest(cid)
+        readers = [self._store.open_data(f["name"], f["size"]) for f in manifest["files"]]
+        kc = backend.key_context
+        decoded = []
+        for r in readers:
+            h = r.header
+            _check_header(backend, r)
+            states = h["states"]
+            check_compatible(backend, states, r.path)
+            sers = [_serializer_for(backend, meta, r.path) for meta in states]
+            blocks = []
+            for kg in sorted(r.blocks):
+                if kc.lo <= kg <= kc.hi:
+                    raw = r.block_bytes(kg)
+                    blocks.append((kg, list(r.sections(kg, raw, sers))))
+            decoded.append((states, blocks))
+        last = readers[-1]
+        pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []
+        for states, blocks in decoded:
+            restore_blocks(backend, states, blocks)
+        return pending
+
+    # ------------------------------------------------------------ housekeeping
+
+    def retain(self, n: int) -> list[int]:
+        """Keep the newest ``n`` committed checkpoints (and every file they
+        need), delete the rest and what killed writers left; returns the
+        deleted ids. ``n >= 1``."""
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise TypeError(f"n must be an int, not {type(n).__name__}")
+        if n < 1:
+            raise ValueError(f"n must be at least 1, got {n}")
+        store = self._store
+        with store.lock:
+            ids = store.committed()
+            keep, drop = ids[-n:], ids[:-n]
+            needed = {f["name"] for cid in keep for f in store.manifest(cid)["files"]}
+            store.delete([manifest_name(cid) for cid in drop])  # uncommit first
+            newest = max(keep, default=0)
+            orphans = [
+                name
+                for name in store.names()
+                if (cid := data_id(name)) is not None and cid <= newest and name not in needed
+            ]
+            store.delete(orphans + store.stale_temporaries(older_than_s=3600))
+            return drop
+
+    def __repr__(self) -> str:
+        return f"<CheckpointStorage {self.uri!r}>"
+
+
+def _check_backend(backend: Any) -> None:
+    if not isinstance(backend, KeyedStateBackend):
+        raise TypeError(f"expected a KeyedStateBackend, not {type(backend).__name__}")
+
+
+def _check_header(backend: KeyedStateBackend, r: DataFileReader) -> None:
+    h = r.header
+    if h.get("max_parallelism") != backend.max_parallelism:
+        raise ValueError(
+            f"checkpoint file {r.path!r} has max_parallelism {h.get('max_parallelism')}, this backend "
+            f"{backend.max_parallelism}: key groups cannot be mapped"
+        )
+    if h.get("key_hash") != KEY_HASH:
+        raise ValueError(
+            f"checkpoint file {r.path!r} maps keys to key groups with {h.get('key_hash')!r}, "
+            f"this backend with {KEY_HASH!r}"
+        )
+
+
+def _serializer_for(backend: KeyedStateBackend, meta: dict[str, Any], path: str) -> Serializer:
+    """The serializer a state's values were written with: the registered
+    descriptor's, or pickle for a state the backend does not know yet."""
+    table = backend._tables.get(meta["name"])
+    ser = getattr(table.descriptor, "serializer", None) if table is not None else None
+    ser = ser or PICKLE
+    if serializer_name(ser) != meta["serializer"]:
+        raise ValueError(
+            f"state {meta['name']!r} in {path!r} was written with serializer {meta['serializer']!r}; "
+            f"register it with that serializer before restoring (have {serializer_name(ser)!r})"
+        )
+    return ser

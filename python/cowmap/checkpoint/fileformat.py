@@ -1,0 +1,208 @@
+"""The layout of one checkpoint data file (see docs/checkpoint-format.md).
+
+::
+
+    magic      8 bytes   b"CMCKPT\\r\\n"
+    version    u32       FORMAT_VERSION
+    length     u32       of the header
+    checksum   u64       xxh3-64 of the header
+    header     JSON      max parallelism, key-group range, states (name, kind, TTL, serializer), ...
+    blocks               one per key group: every state's rows of that key group
+    index                per block: key group, offset, length, xxh3-64, rows
+    footer     32 bytes  index offset (u64), index length (u64), index xxh3-64 (u64), b"CMEND\\0\\0\\0"
+
+Every byte is covered by a check: the header and index by their checksums, the
+blocks by theirs, and the blocks must tile the space between header and
+index exactly. A reader seeks straight to the blocks of the key groups it
+owns. Integers are little-endian.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import xxhash
+
+from cowmap.checkpoint.columns import ColumnError, Serializer, decode_column, skip_column
+from cowmap.checkpoint.errors import CorruptCheckpointError
+
+__all__ = ["FORMAT_VERSION", "PENDING_BLOCK", "DataFileReader", "DataFileWriter", "Section"]
+
+FORMAT_VERSION = 1
+MAGIC = b"CMCKPT\r\n"
+END = b"CMEND\0\0\0"
+_PREAMBLE = struct.Struct("<8sIIQ")
+_FOOTER = struct.Struct("<QQQ8s")
+_INDEX = struct.Struct("<IQQQQ")  # key group, offset, length, checksum, rows
+_BLOCK = struct.Struct("<4sII")  # b"CMBK", key group, sections
+_SECTION = struct.Struct("<IQI")  # state index, rows, columns
+BLOCK_MAGIC = b"CMBK"
+#: the "key group" of the block of records waiting at an unaligned checkpoint
+PENDING_BLOCK = 0xFFFFFFFF
+
+#: one state's rows in a block: (state index, rows, encoded columns)
+Section = tuple[int, int, list[list[bytes]]]
+
+checksum = xxhash.xxh3_64_intdigest
+
+
+class DataFileWriter:
+    """Writes a data file to ``out`` (any object with ``write(bytes)``): the
+    header at once, then :meth:`block` per key group, then :meth:`finish`."""
+
+    def __init__(self, out: Any, header: dict[str, Any]) -> None:
+        self.out = out
+        head = json.dumps(header, sort_keys=True).encode()
+        self.pos = 0
+        self._write([_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(head), checksum(head)), head])
+        self.index: list[tuple[int, int, int, int, int]] = []
+
+    def _write(self, parts: list[bytes]) -> int:
+        n = 0
+        for p in parts:
+            self.out.write(p)
+            n += len(p)
+        self.pos += n
+        return n
+
+    def block(self, kg: int, sections: list[Section]) -> int:
+        """Write the block of key group ``kg``; returns its size in bytes."""
+        parts = [_BLOCK.pack(BLOCK_MAGIC, kg, len(sections))]
+        rows = 0
+        for state, n, columns in sections:
+            parts.append(_SECTION.pack(state, n, len(columns)))
+            for col in columns:
+                parts.extend(col)
+            rows += n
+        h = xxhash.xxh3_64()
+        for p in parts:
+            h.update(p)
+        start = self.pos
+        size = self._write(parts)
+        self.index.append((kg, start, size, h.intdigest(), rows))
+        return size
+
+    def finish(self) -> int:
+        """Write the index and footer; returns the file's size."""
+        index = b"".join(_INDEX.pack(*e) for e in self.index)
+        at = self.pos
+        self._write([index, _FOOTER.pack(at, len(index), checksum(index), END)])
+        return self.pos
+
+
+class DataFileReader:
+    """A data file opened for reading: header and index checked at open,
+    each block checked when read. ``CorruptCheckpointError`` names the file and
+    part that failed."""
+
+    def __init__(self, path: str, data: Any, size: int) -> None:
+        """``data``: a random-access file (``read_at(n, offset)``) of ``size`` bytes."""
+        self.path = path
+        self.data = data
+        self.size = size
+        if size < _PREAMBLE.size + _FOOTER.size:
+            self._fail("footer", f"file of {size} bytes is too short")
+        at, length, digest, end = _FOOTER.unpack(self._read(size - _FOOTER.size, _FOOTER.size))
+        if end != END:
+            self._fail("footer", "end marker missing (truncated or overwritten?)")
+        if at + length + _FOOTER.size != size:
+            self._fail("footer", f"index at {at} of {length} bytes does not end where the footer starts")
+        index = self._read(at, length)
+        if checksum(index) != digest:
+            self._fail("index", "checksum mismatch")
+        if length % _INDEX.size:
+            self._fail("index", f"length {length} is not a whole number of entries")
+        magic, version, hlen, hsum = _PREAMBLE.unpack(self._read(0, _PREAMBLE.size))
+        if magic != MAGIC:
+            self._fail("header", "not a cowmap checkpoint file (bad magic)")
+        if version != FORMAT_VERSION:
+            self._fail("header", f"format version {version}; this cowmap reads version {FORMAT_VERSION}")
+        head = self._read(_PREAMBLE.size, hlen) if _PREAMBLE.size + hlen <= at else b""
+        if len(head) != hlen or checksum(head) != hsum:
+            self._fail("header", "checksum mismatch")
+        try:
+            self.header: dict[str, Any] = json.loads(head)
+        except ValueError as e:  # checksummed: only a writer bug gets here
+            self._fail("header", f"not JSON: {e}")
+        #: key group -> (offset, length, checksum, rows)
+        self.blocks: dict[int, tuple[int, int, int, int]] = {}
+        pos = _PREAMBLE.size + hlen
+        for kg, off, n, dig, rows in _INDEX.iter_unpack(index):
+            if off != pos or kg in self.blocks:
+                self._fail("index", f"block of key group {kg} at {off}: blocks must tile the file in order")
+            self.blocks[kg] = (off, n, dig, rows)
+            pos = off + n
+        if pos != at:
+            self._fail("index", f"blocks end at {pos}, the index starts at {at}")
+
+    def _fail(self, block: str, problem: str) -> None:
+        raise CorruptCheckpointError(self.path, block, problem)
+
+    def _read(self, offset: int, n: int) -> bytes:
+        b = self.data.read_at(n, offset)
+        if len(b) != n:
+            self._fail("file", f"short read at byte {offset}")
+        return bytes(b)
+
+    def block_bytes(self, kg: int) -> bytes:
+        """The checked bytes of key group ``kg``'s block."""
+        off, n, dig, _ = self.blocks[kg]
+        b = self._read(off, n)
+        if checksum(b) != dig:
+            self._fail(f"key group {kg}", "checksum mismatch")
+        return b
+
+    def section_sizes(self, kg: int, raw: bytes) -> list[tuple[int, int, int]]:
+        """``(state index, rows, bytes)`` of each section of a checked block, its
+        structure walked without decoding a value."""
+        buf = memoryview(raw)
+        where = f"key group {kg}"
+        out = []
+        try:
+            magic, bkg, nsec = _BLOCK.unpack_from(buf, 0)
+            if magic != BLOCK_MAGIC or bkg != kg:
+                self._fail(where, "bad block marker")
+            pos = _BLOCK.size
+            for _ in range(nsec):
+                start = pos
+                state, n, ncols = _SECTION.unpack_from(buf, pos)
+                pos += _SECTION.size
+                for _ in range(ncols):
+                    pos = skip_column(buf, pos)
+                out.append((state, n, pos - start))
+            if pos != len(buf):
+                self._fail(where, f"{len(buf) - pos} bytes after the last section")
+        except (struct.error, ColumnError) as e:
+            self._fail(where, str(e))
+        return out
+
+    def sections(
+        self, kg: int, raw: bytes, serializers: Sequence[Serializer] | Mapping[int, Serializer]
+    ) -> Iterator[tuple[int, int, list[Any]]]:
+        """Decode a block read by :meth:`block_bytes`: ``(state index, rows, columns)``."""
+        buf = memoryview(raw)
+        where = f"key group {kg}"
+        try:
+            magic, bkg, nsec = _BLOCK.unpack_from(buf, 0)
+            if magic != BLOCK_MAGIC or bkg != kg:
+                self._fail(where, "bad block marker")
+            pos = _BLOCK.size
+            for _ in range(nsec):
+                state, n, ncols = _SECTION.unpack_from(buf, pos)
+                pos += _SECTION.size
+                try:
+                    ser = serializers[state]
+                except (IndexError, KeyError):
+                    self._fail(where, f"state index {state} out of range")
+                cols = []
+                for _ in range(ncols):
+                    col, pos = decode_column(buf, pos, n, ser)
+                    cols.append(col)
+                yield state, n, cols
+            if pos != len(buf):
+                self._fail(where, f"{len(buf) - pos} bytes after the last section")
+        except (struct.error, ColumnError) as e:
+            self._fail(where, str(e))

@@ -1,0 +1,173 @@
+"""``CheckpointStorage``: numbered, atomically committed checkpoints in one directory.
+
+A checkpoint ``N`` is two files in the storage's directory:
+
+- ``chk-<N>.data``: the states (see :mod:`cowmap.checkpoint.fileformat`);
+- ``chk-<N>.manifest``: a small checksummed JSON document naming the data
+  files to read (one, or a full base and increments), their sizes, and what
+  the checkpoint holds.
+
+Both are written under a temporary name, closed (and on a local disk
+fsynced), then renamed; the manifest goes last, so a checkpoint exists
+exactly when its manifest does. A writer killed at any point leaves at most
+temporary files and an unreferenced data file, which :meth:`retain` removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from cowmap.checkpoint.errors import CorruptCheckpointError
+from cowmap.checkpoint.fileformat import FORMAT_VERSION, DataFileReader, checksum
+
+__all__ = ["Store"]
+
+_MANIFEST = re.compile(r"^chk-(\d{10})\.manifest$")
+_DATA = re.compile(r"^chk-(\d{10})\.data$")
+TMP_PREFIX = ".tmp-"
+
+
+def data_name(cid: int) -> str:
+    return f"chk-{cid:010d}.data"
+
+
+def data_id(name: str) -> int | None:
+    """The checkpoint id of a data file's name, None for any other file."""
+    m = _DATA.match(name)
+    return int(m.group(1)) if m else None
+
+
+def manifest_name(cid: int) -> str:
+    return f"chk-{cid:010d}.manifest"
+
+
+class Store:
+    """The files of one checkpoint directory on a ``pyarrow.fs`` filesystem."""
+
+    def __init__(self, uri: str | os.PathLike[str], filesystem: pafs.FileSystem | None = None) -> None:
+        if filesystem is not None:
+            fs, path = filesystem, os.fspath(uri)
+        else:
+            uri = os.fspath(uri)
+            if "://" in uri:
+                fs, path = pafs.FileSystem.from_uri(uri)
+            else:
+                fs, path = pafs.LocalFileSystem(), os.path.abspath(uri)
+        self.fs: pafs.FileSystem = fs
+        self.path: str = path.rstrip("/") or "/"
+        self.local = isinstance(fs, pafs.LocalFileSystem)
+        self.lock = threading.Lock()
+        fs.create_dir(self.path, recursive=True)
+
+    def join(self, name: str) -> str:
+        return f"{self.path}/{name}"
+
+    def names(self) -> list[str]:
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
+        return [i.base_name for i in infos if i.type == pafs.FileType.File]
+
+    def committed(self) -> list[int]:
+        return sorted(int(m.group(1)) for n in self.names() if (m := _MANIFEST.match(n)))
+
+    def next_id(self) -> int:
+        ids = [int(m.group(1)) for n in self.names() if (m := _MANIFEST.match(n) or _DATA.match(n))]
+        return max(ids, default=0) + 1
+
+    # ------------------------------------------------------------ writing
+
+    @contextmanager
+    def atomic(self, name: str) -> Iterator[Any]:
+        """An output stream whose bytes appear under ``name`` only when the block
+        ends without an error (written to a temporary name, closed, synced, renamed)."""
+        tmp = self.join(f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
+        out = self.fs.open_output_stream(tmp, buffer_size=1 << 20)
+        try:
+            yield out
+            out.close()
+            if self.local:
+                _fsync(tmp)
+            self.fs.move(tmp, self.join(name))
+            if self.local:
+                _fsync(self.path)
+        except BaseException:
+            if not out.closed:
+                out.close()
+            with suppress(OSError):
+                self.fs.delete_file(tmp)
+            raise
+
+    def write_manifest(self, cid: int, manifest: dict[str, Any]) -> None:
+        body = dict(manifest, format=FORMAT_VERSION, id=cid)
+        text = json.dumps(body, sort_keys=True)
+        doc = json.dumps({"checksum": checksum(text.encode()), "manifest": text}).encode()
+        with self.atomic(manifest_name(cid)) as out:
+            out.write(doc)
+
+    # ------------------------------------------------------------ reading
+
+    def manifest(self, cid: int) -> dict[str, Any]:
+        name = manifest_name(cid)
+        path = self.join(name)
+        try:
+            with self.fs.open_input_stream(path) as f:
+                raw = f.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no committed checkpoint {cid} in {self.path!r}") from None
+        try:
+            doc = json.loads(raw)
+            text = doc["manifest"]
+            ok = isinstance(text, str) and checksum(text.encode()) == doc["checksum"]
+        except (ValueError, KeyError, TypeError, UnicodeError):
+            ok = False
+        if not ok:
+            raise CorruptCheckpointError(path, "manifest", "checksum mismatch or not a manifest")
+        body: dict[str, Any] = json.loads(text)
+        if body.get("format") != FORMAT_VERSION or body.get("id") != cid:
+            raise CorruptCheckpointError(path, "manifest", f"format {body.get('format')}, id {body.get('id')}")
+        return body
+
+    def open_data(self, name: str, size: int) -> DataFileReader:
+        """A checked reader of data file ``name``, which the manifest says has ``size`` bytes."""
+        path = self.join(name)
+        try:
+            f = self.fs.open_input_file(path)
+        except FileNotFoundError:
+            raise CorruptCheckpointError(path, "file", "missing (a committed checkpoint names it)") from None
+        if f.size() != size:
+            raise CorruptCheckpointError(path, "file", f"{f.size()} bytes, the manifest says {size}")
+        return DataFileReader(path, f, size)
+
+    # ------------------------------------------------------------ removing
+
+    def delete(self, names: list[str]) -> None:
+        for n in names:
+            with suppress(FileNotFoundError):
+                self.fs.delete_file(self.join(n))
+
+    def stale_temporaries(self, older_than_s: float) -> list[str]:
+        """Temporary files not changed for ``older_than_s`` seconds (a killed writer's)."""
+        infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
+        cutoff = time.time() - older_than_s
+        return [
+            i.base_name
+            for i in infos
+            if i.base_name.startswith(TMP_PREFIX) and (i.mtime is None or i.mtime.timestamp() < cutoff)
+        ]
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,109 @@
+"""Damaged checkpoints: every flipped byte and every truncation of every file is
+refused with CorruptCheckpointError naming the file and block, and the backend
+restoring is left unchanged (no fallback to an older checkpoint)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError
+from cowmap.state import KeyedStateBackend
+
+from ckpt_helpers import Clock, contents, register
+
+
+def small_checkpoint(root: Path) -> CheckpointStorage:
+    """Two committed checkpoints of every state kind, TTL on, over a few key groups."""
+    clock = Clock()
+    b = KeyedStateBackend(max_parallelism=4, time_provider=clock)
+    s = register(b, ttl=True)
+    storage = CheckpointStorage(root)
+    for round_ in range(2):
+        for k in [1, 2, "x", (3, "y")]:
+            b.set_current_key(k)
+            s["value"].update(round_)
+            s["list"].add(k)
+            s["map"].put("u", 1.5)
+            s["reducing"].add(2)
+            s["aggregating"].add(3)
+        storage.save(b)
+    return storage
+
+
+def restore_fails(storage: CheckpointStorage, path: Path) -> CorruptCheckpointError:
+    b = KeyedStateBackend(max_parallelism=4, time_provider=Clock())
+    register(b, ttl=True)
+    with pytest.raises(CorruptCheckpointError) as info:
+        storage.restore(b)
+    assert contents(b) == {}, "a failed restore changed the backend"
+    err = info.value
+    assert err.path == str(path) and str(path) in str(err)
+    assert err.block
+    return err
+
+
+def latest_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.name.startswith("chk-0000000002"))
+
+
+def test_every_byte_flip_is_caught(tmp_path: Path) -> None:
+    storage = small_checkpoint(tmp_path)
+    files = latest_files(tmp_path)
+    assert [p.suffix for p in files] == [".data", ".manifest"]
+    blocks: set[str] = set()
+    for path in files:
+        good = path.read_bytes()
+        for i in range(len(good)):
+            for mask in (0x01, 0xFF):
+                bad = bytearray(good)
+                bad[i] ^= mask
+                path.write_bytes(bytes(bad))
+                blocks.add(restore_fails(storage, path).block)
+        path.write_bytes(good)
+    assert {"header", "index", "footer", "manifest"} <= blocks
+    assert any(b.startswith("key group ") for b in blocks)
+    ok = KeyedStateBackend(max_parallelism=4, time_provider=Clock())
+    storage.restore(ok)  # intact again
+    assert ok.num_entries() > 0
+
+
+def test_every_truncation_is_caught(tmp_path: Path) -> None:
+    storage = small_checkpoint(tmp_path)
+    for path in latest_files(tmp_path):
+        good = path.read_bytes()
+        for n in range(len(good)):
+            path.write_bytes(good[:n])
+            restore_fails(storage, path)
+        path.write_bytes(good + b"\0")  # and a byte too many
+        restore_fails(storage, path)
+        path.write_bytes(good)
+
+
+def test_missing_data_file_is_corruption_not_fallback(tmp_path: Path) -> None:
+    storage = small_checkpoint(tmp_path)
+    data = latest_files(tmp_path)[0]
+    os.remove(data)
+    restore_fails(storage, data)
+    assert storage.checkpoints() == [1, 2]
+
+
+def test_cli_verify_names_the_damage(tmp_path: Path, capsys: Any) -> None:
+    from cowmap.checkpoint.__main__ import main
+
+    storage = small_checkpoint(tmp_path)
+    assert main(["verify", str(tmp_path)]) == 0
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "value" in out and "key group" in out
+    data = latest_files(tmp_path)[0]
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    data.write_bytes(bytes(raw))
+    assert main(["verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert str(data) in out and "CORRUPT" in out
+    assert storage.checkpoints() == [1, 2]

@@ -1,0 +1,209 @@
+"""Save then restore gives the source backend's states back, for every kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowmap.checkpoint import CheckpointStorage
+from cowmap.state import VOID_NAMESPACE, KeyedStateBackend
+
+from ckpt_helpers import Clock, contents, register
+
+KEYS = st.one_of(st.integers(-(2**70), 2**70), st.text(max_size=4), st.tuples(st.integers(0, 3), st.text(max_size=2)))
+VALUES = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=3),
+    st.none(),
+)
+NAMESPACES = st.sampled_from([VOID_NAMESPACE, "w1", 7])
+OP = st.tuples(
+    st.sampled_from(["value", "list", "map", "map_remove", "reducing", "aggregating", "clear", "tick", "snapshot"]),
+    KEYS,
+    NAMESPACES,
+    st.integers(-3, 3),
+    VALUES,
+)
+
+
+def apply(backend: KeyedStateBackend, states: dict[str, Any], clock: Clock, op: tuple, snaps: list) -> None:
+    kind, key, ns, ukey, value = op
+    if kind == "tick":
+        clock.now += 300
+        return
+    if kind == "snapshot":  # snapshots held across later writes: the checkpoint must not see those
+        snaps.append(backend.snapshot())
+        return
+    backend.set_current_key(key)
+    for s in states.values():
+        s.set_current_namespace(ns)
+    if kind == "value":
+        states["value"].update(value)
+    elif kind == "list":
+        states["list"].add(value if value is not None else 0)  # a list holds no None
+    elif kind == "map":
+        states["map"].put(ukey, value)
+    elif kind == "map_remove":
+        states["map"].remove(ukey)
+    elif kind == "reducing":
+        states["reducing"].add(ukey)
+    elif kind == "aggregating":
+        states["aggregating"].add(ukey)
+    else:
+        states["value"].clear()
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(OP, max_size=60), register_first=st.booleans())
+def test_round_trip_equals_source(tmp_path_factory: Any, ttl: bool, ops: list, register_first: bool) -> None:
+    clock = Clock()
+    src = KeyedStateBackend(max_parallelism=8, time_provider=clock)
+    states = register(src, ttl)
+    snaps: list = []
+    for op in ops:
+        apply(src, states, clock, op, snaps)
+    storage = CheckpointStorage(tmp_path_factory.mktemp("ck"))
+    cid = storage.save(src)
+    expected = contents(src)
+    for op in ops[:10]:  # writes after the save change nothing saved
+        apply(src, states, clock, op, snaps)
+    for s in snaps:
+        s.release()
+    dst = KeyedStateBackend(max_parallelism=8, time_provider=clock)
+    if register_first:
+        register(dst, ttl)
+    assert storage.restore(dst, cid) == []
+    assert contents(dst) == expected
+
+
+def test_numbers_fast_path_round_trip(tmp_path: Any) -> None:
+    """Int keys and int/float values take the columnar path both ways."""
+    from cowmap.state import ValueStateDescriptor
+
+    src = KeyedStateBackend()
+    ints = src.get_state(ValueStateDescriptor("ints"))
+    floats = src.get_state(ValueStateDescriptor("floats"))
+    keys = np.arange(-500, 1500, dtype=np.int64) * 7919
+    ints.update_many(keys, keys * 3)
+    floats.update_many(keys, keys / 7)
+    ints.update_many(np.array([2**62], dtype=np.int64), np.array([-(2**63)], dtype=np.int64))
+    storage = CheckpointStorage(tmp_path)
+    storage.save(src)
+    dst = KeyedStateBackend()
+    storage.restore(dst)
+    assert contents(dst) == contents(src)
+    assert dst.get_state(ValueStateDescriptor("ints")).get_many(keys[:3]) == (keys[:3] * 3).tolist()
+
+
+def test_checkpoint_ids_increase_and_latest_is_default(tmp_path: Any) -> None:
+    from cowmap.state import ValueStateDescriptor
+
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("v"))
+    storage = CheckpointStorage(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        storage.restore(KeyedStateBackend())
+    ids = []
+    for i in range(3):
+        b.set_current_key("k")
+        v.update(i)
+        ids.append(storage.save(b))
+    assert ids == sorted(ids) and len(set(ids)) == 3
+    assert storage.checkpoints() == ids
+    for cid, want in zip(ids, range(3)):
+        r = KeyedStateBackend()
+        storage.restore(r, cid)
+        r.set_current_key("k")
+        assert r.get_state(ValueStateDescriptor("v")).value() == want
+    latest = KeyedStateBackend()
+    storage.restore(latest)
+    latest.set_current_key("k")
+    assert latest.get_state(ValueStateDescriptor("v")).value() == 2
+    with pytest.raises(FileNotFoundError):
+        storage.restore(KeyedStateBackend(), 99)
+
+
+def test_restored_reducing_state_needs_its_descriptor(tmp_path: Any) -> None:
+    from cowmap.state import ReducingStateDescriptor
+
+    from ckpt_helpers import add
+
+    b = KeyedStateBackend()
+    r = b.get_reducing_state(ReducingStateDescriptor("r", add))
+    b.set_current_key(1)
+    r.add(5)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    fresh = KeyedStateBackend()
+    storage.restore(fresh)
+    fresh.set_current_key(1)
+    assert fresh.keys("r") == [1]
+    fresh.set_current_key(1)
+    rr = fresh.get_reducing_state(ReducingStateDescriptor("r", add))
+    rr.add(2)
+    assert rr.get() == 7
+
+
+def test_rescale_2_to_5_and_4_to_3(tmp_path: Any) -> None:
+    """Each new backend reads only its key groups, from every old checkpoint."""
+    from cowmap.state import key_group_range_for_operator
+
+    max_par = 32
+    whole = KeyedStateBackend(max_parallelism=max_par)
+    ref = register(whole, False)
+    keys = list(range(300)) + [f"s{i}" for i in range(100)]
+    for k in keys:
+        whole.set_current_key(k)
+        ref["value"].update(k)
+        ref["map"].put(1, k)
+        ref["list"].add(k)
+    expected = contents(whole)
+    for old_par, new_par in [(2, 5), (4, 3)]:
+        dirs = []
+        for i in range(old_par):
+            rng = key_group_range_for_operator(max_par, old_par, i)
+            part = KeyedStateBackend(max_parallelism=max_par, key_group_range=rng)
+            with whole.snapshot() as s:
+                part.restore(s)
+            d = tmp_path / f"{old_par}-{i}"
+            CheckpointStorage(d).save(part)
+            dirs.append(d)
+        merged: dict[str, list] = {}
+        for j in range(new_par):
+            rng = key_group_range_for_operator(max_par, new_par, j)
+            nb = KeyedStateBackend(max_parallelism=max_par, key_group_range=rng)
+            for d in dirs:
+                CheckpointStorage(d).restore(nb)
+            for name, rows in contents(nb).items():
+                merged.setdefault(name, []).extend(rows)
+            assert all(kg in rng for name in nb.state_names() for kg in nb._tables[name].live)
+        assert {n: sorted(r, key=repr) for n, r in merged.items()} == expected
+
+
+def test_kind_and_ttl_mismatch_refused_before_any_change(tmp_path: Any) -> None:
+    from cowmap.state import ListStateDescriptor, ValueStateDescriptor
+
+    src = KeyedStateBackend(time_provider=Clock())
+    register(src, True)["value"]
+    src.set_current_key(1)
+    src.get_state(__import__("ckpt_helpers").descriptors(True)["value"]).update(3)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(src)
+    other_kind = KeyedStateBackend()
+    other_kind.get_list_state(ListStateDescriptor("value"))
+    with pytest.raises(ValueError, match="list state here but value"):
+        storage.restore(other_kind)
+    no_ttl = KeyedStateBackend()
+    no_ttl.get_state(ValueStateDescriptor("value"))
+    with pytest.raises(ValueError, match="without TTL"):
+        storage.restore(no_ttl)
+    assert no_ttl.num_entries() == 0
+    with pytest.raises(ValueError, match="max_parallelism"):
+        storage.restore(KeyedStateBackend(max_parallelism=64))
