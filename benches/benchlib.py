@@ -204,7 +204,26 @@ def _rows() -> list[Row]:
         Row("6", "1st put after snapshot, 1M, put loop", "ns/op", "cow.put.snapshot", "cow.put.plain", "same put loop, no snapshot", "ratio", 3.0),
         Row("6", "1st put after snapshot, 1M, put_many", "ns/key", "cow.put_many.snapshot", "cow.put_many.plain", "same put_many, no snapshot", "ratio", 3.0),
     ]
-    return rows + _state_rows() + _async_rows() + _columnar_rows()
+    return rows + _state_rows() + _async_rows() + _columnar_rows() + _checkpoint_rows()
+
+
+def _checkpoint_rows() -> list[Row]:
+    """Figures 20-22 (test_bench_checkpoint.py): durable checkpoints vs pickle of a dict."""
+    n = f"{BIG_LABEL} ValueState + MapState"
+    return [
+        Row("20", f"full checkpoint save, {n}", "ns/entry", "checkpoint.save", "checkpoint.pickle_dump",
+            "pickle.dump of {int: int}, same disk", "ratio", 1.0),
+        Row("20", f"full checkpoint save, {n} (>= 3M entries/s)", "ns/entry", "checkpoint.save",
+            "checkpoint.pickle_dump", "pickle.dump of {int: int}, same disk", "abs", 1e9 / 3_000_000),
+        Row("21", f"restore, {n}", "ns/entry", "checkpoint.restore", "checkpoint.pickle_load",
+            "pickle.load of that dict", "ratio", 1.0),
+        Row("21", f"restore, {n} (>= 2M entries/s)", "ns/entry", "checkpoint.restore", "checkpoint.pickle_load",
+            "pickle.load of that dict", "abs", 1e9 / 2_000_000),
+        Row("22", "records while save_async writes (>= 50% of the rate)", "ns/rec", "checkpoint.async_rate",
+            "checkpoint.base_rate", "same loop, no checkpoint", "ratio", 2.0),
+        Row("22", "longest stall of 1,000-record slices while save_async writes", "ms",
+            "checkpoint.async_stall", "checkpoint.stall_limit", "the 20 ms limit", "abs", 20.0),
+    ]
 
 
 def _columnar_rows() -> list[Row]:

@@ -265,19 +265,20 @@ def user_insert_many(
     values: list[Any],
     rows: Iterable[int],
     none_value: Any,
-    ts: int = ...,
+    ts: _Time | list[int] = ...,
 ) -> None: ...
 def dir_copy(dc: list[Any]) -> list[Any]: ...
 
 def snapshot_columns(
-    snap: StateMapSnapshot, namespace: Any
+    snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any
 ) -> tuple[
     npt.NDArray[np.int64] | list[Any],
-    list[Any] | None,
+    npt.NDArray[np.int64] | list[Any] | None,
     npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
     npt.NDArray[np.int64],
 ]:
-    """``(keys, namespaces, states, timestamps)`` of every entry of ``snap`` in storage
-    order: keys an int64 array when every key is an int64, namespaces None when every
-    one is ``namespace``, states an int64 / float64 array when every one is an exact
-    int64 / float; otherwise lists. ``RuntimeError`` for a released snapshot."""
+    """``(keys, namespaces, states, timestamps)`` of every entry of ``snap`` (a chained
+    map's in about allocation order, a flat map's in insertion order): keys an int64 array
+    when every key is an int64; namespaces None when every one is ``namespace``, an int64
+    array when every one is an exact int64; states an int64 / float64 array when every one
+    is an exact int64 / float; otherwise lists. ``RuntimeError`` for a released snapshot."""

@@ -45,11 +45,7 @@ cdef extern from "cowmap_core.h":
         const int64_t *ints
         Py_ssize_t n
 
-    int CM_X_KEYS_INT, CM_X_NS_SAME, CM_X_STATES_INT, CM_X_STATES_FLOAT
-    size_t cm_export_indices(const cm_map *m, const cm_snap *s, uint32_t *idx, uint32_t *tmp, size_t cap)
-    int cm_export_numbers(const cm_map *m, const uint32_t *idx, size_t n, const PyObject *ns0,
-                          int64_t *keys, int64_t *states, int64_t *ts)
-    object cm_export_list(const cm_map *m, const uint32_t *idx, size_t n, int field)
+    int CM_X_KEYS_INT, CM_X_NS_SAME, CM_X_NS_INT, CM_X_STATES_INT, CM_X_STATES_FLOAT
 
     int cm_init(cm_map *m, uint32_t capacity) except -1
     void cm_dealloc(cm_map *m)
@@ -174,4 +170,9 @@ cdef extern from "flatmap.h":
     fm_pos *fm_snap_order(const fm_snap *s, size_t *n) except NULL
     const cm_entry *fm_snap_at(const fm_snap *s, const fm_pos *p)
     uint32_t FM_MAX_SHIFT_DEFAULT
+
+    size_t cm_export_entries(const cm_map *m, const cm_snap *s, const cm_entry **ents, uint64_t *seen, size_t cap)
+    int cm_export_numbers(const cm_entry *const *ents, size_t n, const PyObject *ns0, int64_t *keys,
+                          int64_t *nss, int64_t *states, int64_t *ts)
+    object cm_export_list(const cm_entry *const *ents, size_t n, int field)
     uint32_t FM_MIN_SHIFT

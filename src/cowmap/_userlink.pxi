@@ -61,8 +61,10 @@ def user_insert_many(list users not None, list groups not None, list ctxs not No
     each row ``i`` of ``rows`` (in order), in ``users[groups[i]]`` (a
     KeyGroupUserMap: its ``values``, ``links`` and ``dirs`` maps), linking each
     new user key at the tail of its list; a None value is stored as
-    ``none_value``. O(len(rows))."""
-    cdef int64_t c_ts = _as_time(ts)
+    ``none_value``. ``ts``: one timestamp (or time provider) for every row, or
+    a list of one per row (indexed like the other lists). O(len(rows))."""
+    cdef list per_row = ts if type(ts) is list else None
+    cdef int64_t c_ts = _as_time(ts) if per_row is None else 0
     cdef FlatStateMap fm
     for i in rows:
         u = users[groups[i]]
@@ -70,5 +72,7 @@ def user_insert_many(list users not None, list groups not None, list ctxs not No
         ctx = ctxs[i]
         ukey = ukeys[i]
         v = values[i]
+        if per_row is not None:
+            c_ts = per_row[i]
         if fm_put(&fm.m, ukey, ctx, none_value if v is None else v, c_ts) == 1:
             _link(<CopyOnWriteStateMap?>u.links, <CopyOnWriteStateMap?>u.dirs, ctx, keys[i], ns, ukey)

@@ -3,12 +3,13 @@
  *
  * A checkpoint writes every entry of a snapshot. Walking the buckets (the
  * snapshot iterator) visits entries in hash order: a cache miss for the entry
- * and another for its state object, at every step. Here the entry indices are
- * collected first (a sequential scan of the slots, then the rest of each
- * chain, prefetched ahead), sorted, and the entries read in storage order:
- * the order they were allocated in, and mostly the order their key and state
- * objects were made in, so the reads walk memory forward. Numbers come out as
- * int64 / float64 columns with no Python object made.
+ * and another for its state object, at every step. Here the entries are
+ * marked in a bitmap over entry indices (the slots' heads, then each chain's
+ * rest) and read in index order: the order they were allocated in, and
+ * mostly the order their key and state objects were made in, so the reads
+ * walk memory forward. Numbers come out as int64 / float64 columns with no
+ * Python object made. The column readers take entry pointers, so the flat
+ * map's snapshots (MapState, read in insertion order) use them too.
  *
  * Compiled only as part of cowmap_core.h, which includes the parts in order.
  */
@@ -19,29 +20,22 @@
 
 #define CM_X_KEYS_INT 1     /* every key is an int stored inline */
 #define CM_X_NS_SAME 2      /* every namespace is the given object */
-#define CM_X_STATES_INT 4   /* every state is an exact int that fits in int64 */
-#define CM_X_STATES_FLOAT 8 /* every state is an exact float */
+#define CM_X_NS_INT 4       /* every namespace is an exact int that fits in int64 */
+#define CM_X_STATES_INT 8   /* every state is an exact int that fits in int64 */
+#define CM_X_STATES_FLOAT 16 /* every state is an exact float */
 #define CM_X_PREFETCH 16
 
-/* idx[0..n) sorted in place (LSD radix, 11 bits a pass, only the passes the
- * largest index needs); tmp holds n items. */
-static void cm_export_sort(uint32_t *idx, uint32_t *tmp, size_t n) {
-    uint32_t top = 0;
-    for (size_t i = 0; i < n; i++) top |= idx[i];
-    for (unsigned shift = 0; shift < 32 && (top >> shift); shift += 11) {
-        size_t count[2048] = {0};
-        for (size_t i = 0; i < n; i++) count[(idx[i] >> shift) & 2047u]++;
-        size_t sum = 0;
-        for (size_t d = 0; d < 2048; d++) { size_t c = count[d]; count[d] = sum; sum += c; }
-        for (size_t i = 0; i < n; i++) tmp[count[(idx[i] >> shift) & 2047u]++] = idx[i];
-        memcpy(idx, tmp, n * sizeof(uint32_t));
-    }
-}
-
-/* The entry indices of snapshot s (at most cap of them), in storage order;
- * returns how many. */
-static size_t cm_export_indices(const cm_map *m, const cm_snap *s, uint32_t *idx, uint32_t *tmp, size_t cap) {
-    size_t n = 0;
+/* The entries of snapshot s (at most cap of them) into ents, about in index
+ * order; returns how many. `seen` holds (m->next_unused + 63) / 64 words,
+ * zeroed: a bit per entry index, so no sort is needed. The slots are scanned
+ * in order and their heads marked; then the marked indices are taken in
+ * increasing order, each marking its `next`: a next above the current index
+ * is reached later by the scan, one below it is followed at once (each entry
+ * is on one chain, so each `next` is read once). The `next` reads then go
+ * forward through memory where following chains from the slots would jump. */
+static size_t cm_export_entries(const cm_map *m, const cm_snap *s, const cm_entry **ents, uint64_t *seen,
+                                size_t cap) {
+    uint32_t top = m->next_unused;
     for (int phase = 0; phase < 2; phase++) {
         const cm_tview *v = phase == 0 ? &s->primary : &s->rehash;
         if (!v->capacity) continue;
@@ -51,46 +45,57 @@ static size_t cm_export_indices(const cm_map *m, const cm_snap *s, uint32_t *idx
             if (!p) continue;
             for (uint32_t j = pi == (b0 >> v->page_shift) ? (b0 & (per - 1u)) : 0; j < per; j++) {
                 uint32_t e = p->slots[j];
-                if (e && n < cap) idx[n++] = e;
+                if (e && e < top) seen[e >> 6] |= (uint64_t)1 << (e & 63u);
             }
         }
     }
-    /* The heads sorted, their `next` links are read in storage order: a
-     * forward walk, where reading them in slot order would jump. Only the
-     * rest of each chain (about one entry in four at a full table) is a jump. */
-    size_t heads = n;
-    cm_export_sort(idx, tmp, heads);
-    for (size_t h = 0; h < heads; h++) {
-        uint32_t e = cm_E(m, idx[h])->next;
-        while (e && n < cap) {
-            idx[n++] = e;
-            e = cm_E(m, e)->next;
+    size_t n = 0;
+    uint32_t words = (top + 63u) >> 6;
+    for (uint32_t w = 0; w < words; w++) {
+        while (seen[w]) { /* re-read: a chain followed below may mark more of this word */
+            uint64_t bits = seen[w];
+            uint32_t i = (w << 6) | (uint32_t)__builtin_ctzll(bits);
+            seen[w] = bits & (bits - 1u);
+            if (n >= cap) return n;
+            const cm_entry *e = cm_E(m, i);
+            ents[n++] = e;
+            for (uint32_t nx = e->next; nx && nx < top; nx = cm_E(m, nx)->next) {
+                if (nx > i) { /* reached by the scan */
+                    seen[nx >> 6] |= (uint64_t)1 << (nx & 63u);
+                    break;
+                }
+                if (n >= cap) return n;
+                ents[n++] = cm_E(m, nx); /* below: taken now, a little out of order */
+            }
         }
     }
-    if (n > heads) cm_export_sort(idx, tmp, n);
     return n;
 }
 
-/* Keys, states and timestamps of the entries idx[0..n) into int64 columns
- * (a float state's bits into states); returns the CM_X_* flags that held.
- * A column whose flag is off holds garbage. */
-static int cm_export_numbers(const cm_map *m, const uint32_t *idx, size_t n, const PyObject *ns0,
-                             int64_t *keys, int64_t *states, int64_t *ts) {
-    int f = CM_X_KEYS_INT | CM_X_NS_SAME | CM_X_STATES_INT | CM_X_STATES_FLOAT;
+/* 1 with *out set if o is an exact int that fits in int64. */
+static inline int cm_export_int(PyObject *o, int64_t *out) {
+    if (!PyLong_CheckExact(o)) return 0;
+    if (cm_fast_int(o, out)) return 1;
+    int overflow;
+    *out = (int64_t)PyLong_AsLongLongAndOverflow(o, &overflow);
+    return !overflow;
+}
+
+/* Keys, namespaces, states and timestamps of ents[0..n) into int64 columns
+ * (a float state's bits into states); returns the CM_X_* flags that held. A
+ * column whose flags are all off holds garbage. */
+static int cm_export_numbers(const cm_entry *const *ents, size_t n, const PyObject *ns0, int64_t *keys,
+                             int64_t *nss, int64_t *states, int64_t *ts) {
+    int f = CM_X_KEYS_INT | CM_X_NS_SAME | CM_X_NS_INT | CM_X_STATES_INT | CM_X_STATES_FLOAT;
     for (size_t k = 0; k < n; k++) {
-        if (k + CM_X_PREFETCH < n) CM_PREFETCH(cm_E(m, idx[k + CM_X_PREFETCH])->state);
-        const cm_entry *e = cm_E(m, idx[k]);
+        if (k + CM_X_PREFETCH < n) CM_PREFETCH(ents[k + CM_X_PREFETCH]->state);
+        const cm_entry *e = ents[k];
         if (cm_intkey(e)) keys[k] = e->key.i; else f &= ~CM_X_KEYS_INT;
         if (e->ns != ns0) f &= ~CM_X_NS_SAME;
+        if ((f & CM_X_NS_INT) && !cm_export_int(e->ns, &nss[k])) f &= ~CM_X_NS_INT;
         PyObject *st = e->state;
         if (PyLong_CheckExact(st)) {
-            int64_t v;
-            if (!cm_fast_int(st, &v)) {
-                int overflow;
-                v = (int64_t)PyLong_AsLongLongAndOverflow(st, &overflow);
-                if (overflow) f &= ~CM_X_STATES_INT;
-            }
-            states[k] = v;
+            if (!cm_export_int(st, &states[k])) f &= ~CM_X_STATES_INT;
             f &= ~CM_X_STATES_FLOAT;
         } else if (PyFloat_CheckExact(st)) {
             double d = PyFloat_AS_DOUBLE(st);
@@ -104,12 +109,12 @@ static int cm_export_numbers(const cm_map *m, const uint32_t *idx, size_t n, con
     return f;
 }
 
-/* A list of one field (0 key, 1 namespace, 2 state) of the entries idx[0..n). */
-static PyObject *cm_export_list(const cm_map *m, const uint32_t *idx, size_t n, int field) {
+/* A list of one field (0 key, 1 namespace, 2 state) of ents[0..n). */
+static PyObject *cm_export_list(const cm_entry *const *ents, size_t n, int field) {
     PyObject *out = PyList_New((Py_ssize_t)n);
     if (!out) return NULL;
     for (size_t k = 0; k < n; k++) {
-        const cm_entry *e = cm_E(m, idx[k]);
+        const cm_entry *e = ents[k];
         PyObject *o;
         if (field == 0) {
             o = cm_entry_key(e);

@@ -91,3 +91,21 @@ class Clock:
 
     def __call__(self) -> int:
         return self.now
+
+
+class JsonSerializer:
+    """A serializer other than pickle: values as UTF-8 JSON."""
+
+    name = "json-utf8"
+
+    @staticmethod
+    def dumps(obj: Any) -> bytes:
+        import json
+
+        return json.dumps(obj).encode()
+
+    @staticmethod
+    def loads(data: bytes) -> Any:
+        import json
+
+        return json.loads(data)

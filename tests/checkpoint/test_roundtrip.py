@@ -207,3 +207,84 @@ def test_kind_and_ttl_mismatch_refused_before_any_change(tmp_path: Any) -> None:
     assert no_ttl.num_entries() == 0
     with pytest.raises(ValueError, match="max_parallelism"):
         storage.restore(KeyedStateBackend(max_parallelism=64))
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_key_groups_whose_entries_were_all_removed(tmp_path: Any, ttl: bool) -> None:
+    """A key group map that exists but is empty (every entry removed) saves as no rows."""
+    b = KeyedStateBackend(max_parallelism=4, time_provider=Clock())
+    s = register(b, ttl)
+    for k in range(20):
+        b.set_current_key(k)
+        s["value"].update(k)
+        s["map"].put(k, k)
+        s["list"].add(k)
+        s["reducing"].add(k)
+    for k in range(20):
+        b.set_current_key(k)
+        s["value"].clear()
+        s["map"].remove(k)
+        s["list"].clear()
+        s["reducing"].clear()
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    r = KeyedStateBackend(max_parallelism=4, time_provider=Clock())
+    storage.restore(r)
+    assert r.num_entries() == 0 and contents(r) == {}
+
+
+def test_descriptor_serializer_is_used_and_required_back(tmp_path: Any) -> None:
+    import pickle
+
+    from cowmap.state import ValueStateDescriptor
+
+    from ckpt_helpers import JsonSerializer
+
+    def desc(ser: Any = None) -> ValueStateDescriptor:
+        return ValueStateDescriptor("v", serializer=ser if ser is not None else JsonSerializer())
+
+    b = KeyedStateBackend()
+    v = b.get_state(desc())
+    for k in range(10):
+        b.set_current_key(k)
+        v.update([k, {"n": k}])  # not a number column: goes through the serializer
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    raw = next(p for p in tmp_path.iterdir() if p.suffix == ".data").read_bytes()
+    assert b'{"n": 3}' in raw and b"json-utf8" in raw
+    ok = KeyedStateBackend()
+    ok.get_state(desc())
+    storage.restore(ok)
+    assert contents(ok) == contents(b)
+    for registered in (None, desc(pickle)):
+        other = KeyedStateBackend()
+        if registered is not None:
+            other.get_state(registered)
+        with pytest.raises(ValueError, match="serializer 'json-utf8'"):
+            storage.restore(other)
+        assert other.num_entries() == 0
+    with pytest.raises(TypeError, match="dumps"):
+        ValueStateDescriptor("bad", serializer=object())
+
+
+def test_serializer_returning_text_is_refused(tmp_path: Any) -> None:
+    from cowmap.state import ValueStateDescriptor
+
+    class Text:
+        name = "text"
+
+        @staticmethod
+        def dumps(obj: Any) -> str:
+            return repr(obj)
+
+        @staticmethod
+        def loads(data: bytes) -> Any:
+            return data
+
+    b = KeyedStateBackend()
+    b.set_current_key(1)
+    b.get_state(ValueStateDescriptor("v", serializer=Text())).update([1])
+    storage = CheckpointStorage(tmp_path)
+    with pytest.raises(TypeError, match="returned str, not bytes"):
+        storage.save(b)
+    assert storage.checkpoints() == []

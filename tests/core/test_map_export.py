@@ -110,3 +110,32 @@ def test_no_leak_over_repeated_exports() -> None:
     grown = tracemalloc.get_traced_memory()[0] - before
     tracemalloc.stop()
     assert grown < 64 * 1024, f"{grown} bytes kept over 20 exports"
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=OPS, after=OPS)
+def test_flat_columns_equal_insertion_order_iteration(ops: list[tuple], after: list[tuple]) -> None:
+    """A flat map's snapshot comes out in insertion order, exactly as iterating it
+    with ``insertion_order=True``; namespaces that are all int64 come as an array."""
+    from cowmap._core import FlatStateMap
+
+    m = FlatStateMap()
+    for op, k, ns, st_, ts in ops:
+        ns = hash(ns) % 1000 if ns == "other" else ns  # int namespaces too
+        if op == "put":
+            m.put(k, ns, st_, ts)
+        elif op == "remove":
+            m.remove(k, ns)
+    s = m.snapshot()
+    expected = list(s.iter_with_timestamps(True))
+    for op, k, ns, st_, ts in after:
+        if op == "put":
+            m.put(k, ns, st_, ts)
+    keys, nss, states, ts = snapshot_columns(s, NS)
+    n = len(ts)
+    ns_list = [NS] * n if nss is None else (nss.tolist() if isinstance(nss, np.ndarray) else nss)
+    if expected and all(type(r[1]) is int for r in expected):
+        assert isinstance(nss, np.ndarray)
+    got = list(zip(rows((keys, None, states, ts)), ns_list))
+    assert [(k, ns, st_, t) for (k, _, st_, t), ns in got] == expected
+    s.release()

@@ -12,7 +12,14 @@ import pyarrow.fs as pafs
 from cowmap.checkpoint.columns import PICKLE, Serializer, serializer_name
 from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, DataFileWriter, Section
 from cowmap.checkpoint.pending import decode_pending, encode_pending
-from cowmap.checkpoint.states import KEY_HASH, check_compatible, encode_block, restore_blocks, state_headers
+from cowmap.checkpoint.states import (
+    KEY_HASH,
+    check_compatible,
+    column_serializers,
+    encode_block,
+    restore_blocks,
+    state_headers,
+)
 from cowmap.checkpoint.storage import Store, data_id, data_name, manifest_name
 from cowmap.state.backend import KeyedStateBackend
 from cowmap.state.snapshot import KeyedStateSnapshot
@@ -201,7 +208,7 @@ class CheckpointStorage:
             _check_header(backend, r)
             states = h["states"]
             check_compatible(backend, states, r.path)
-            sers = [_serializer_for(backend, meta, r.path) for meta in states]
+            sers = [column_serializers(meta["kind"], _serializer_for(backend, meta, r.path)) for meta in states]
             blocks = []
             for kg in sorted(r.blocks):
                 if kc.lo <= kg <= kc.hi:

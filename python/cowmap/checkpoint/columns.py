@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pickle
 import struct
+import types
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -67,6 +68,8 @@ def serializer_name(s: Any) -> str:
     name = getattr(s, "name", None)
     if isinstance(name, str):
         return name
+    if isinstance(s, types.ModuleType):  # e.g. the pickle module itself
+        return s.__name__
     return f"{getattr(s, '__module__', '?')}.{getattr(s, '__qualname__', type(s).__qualname__)}"
 
 
@@ -85,7 +88,7 @@ def encode_column(col: Any, serializer: Serializer) -> list[bytes]:
     if isinstance(col, np.ndarray):
         return _raw(T_INT64 if col.dtype.kind == "i" else T_FLOAT64, col)
     if isinstance(col, Const):
-        data = serializer.dumps(col.value)
+        data = _dumps(serializer, col.value)
         return [_COL.pack(T_CONST, len(data)), data]
     n = len(col)
     if n:
@@ -106,10 +109,19 @@ def encode_column(col: Any, serializer: Serializer) -> list[bytes]:
         elif first is None and all(x is None for x in col):
             return [_COL.pack(T_NONE, 0)]
         if _hashable(first) and all(x is first for x in col):
-            data = serializer.dumps(first)
+            data = _dumps(serializer, first)
             return [_COL.pack(T_CONST, len(data)), data]
-    data = serializer.dumps(list(col))
+    data = _dumps(serializer, list(col))
     return [_COL.pack(T_SERIALIZED, len(data)), data]
+
+
+def _dumps(serializer: Serializer, obj: Any) -> bytes:
+    data = serializer.dumps(obj)
+    if not isinstance(data, bytes):
+        raise TypeError(
+            f"serializer {serializer_name(serializer)!r} returned {type(data).__name__}, not bytes"
+        )
+    return data
 
 
 def _hashable(x: Any) -> bool:

@@ -180,9 +180,10 @@ class DataFileReader:
         return out
 
     def sections(
-        self, kg: int, raw: bytes, serializers: Sequence[Serializer] | Mapping[int, Serializer]
+        self, kg: int, raw: bytes, serializers: Sequence[Sequence[Serializer]] | Mapping[int, Sequence[Serializer]]
     ) -> Iterator[tuple[int, int, list[Any]]]:
-        """Decode a block read by :meth:`block_bytes`: ``(state index, rows, columns)``."""
+        """Decode a block read by :meth:`block_bytes`: ``(state index, rows,
+        columns)``; ``serializers[state][i]`` reads column ``i`` of a state."""
         buf = memoryview(raw)
         where = f"key group {kg}"
         try:
@@ -194,12 +195,14 @@ class DataFileReader:
                 state, n, ncols = _SECTION.unpack_from(buf, pos)
                 pos += _SECTION.size
                 try:
-                    ser = serializers[state]
+                    sers = serializers[state]
                 except (IndexError, KeyError):
                     self._fail(where, f"state index {state} out of range")
+                if ncols > len(sers):
+                    self._fail(where, f"{ncols} columns for a state of {len(sers)}")
                 cols = []
-                for _ in range(ncols):
-                    col, pos = decode_column(buf, pos, n, ser)
+                for i in range(ncols):
+                    col, pos = decode_column(buf, pos, n, sers[i])
                     cols.append(col)
                 yield state, n, cols
             if pos != len(buf):

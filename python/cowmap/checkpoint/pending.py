@@ -44,7 +44,7 @@ def encode_pending(backend: KeyedStateBackend, waiting: list[tuple[Any, Any]]) -
 def decode_pending(reader: DataFileReader, lo: int, hi: int) -> list[tuple[Any, Any]]:
     """The waiting records of key groups ``lo..hi`` in a checked data file."""
     raw = reader.block_bytes(PENDING_BLOCK)
-    serializers = {PENDING_BLOCK: PICKLE}
+    serializers = {PENDING_BLOCK: [PICKLE, PICKLE]}
     out: list[tuple[Any, Any]] = []
     for _, n, (kgs, pairs) in reader.sections(PENDING_BLOCK, raw, serializers):
         for kg, pair in zip(column_list(kgs, n), column_list(pairs, n)):

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from cowmap._core import NO_TIMESTAMP, column_put, snapshot_columns
+from cowmap._core import NO_TIMESTAMP, column_put, snapshot_columns, user_insert_many
+from cowmap._requests import replace_all
 from cowmap.checkpoint.columns import PICKLE, Const, Serializer, column_list, encode_column, serializer_name
 from cowmap.checkpoint.fileformat import Section
 from cowmap.state.backend import _TABLES, KeyedStateBackend
@@ -34,8 +35,9 @@ from cowmap.state.descriptors import (
 from cowmap.state.snapshot import KeyedStateSnapshot
 from cowmap.state.table import VOID_NAMESPACE, StateTable
 from cowmap.state.ttl import StateTtlConfig, StateVisibility, UpdateType
+from cowmap.state.user_map import NONE_VALUE, NS_MARKER, make_ctx, split_ctx
 
-__all__ = ["encode_block", "restore_blocks", "state_headers"]
+__all__ = ["column_serializers", "encode_block", "restore_blocks", "state_headers"]
 
 #: how a backend maps keys to key groups (recorded so a restore under another function fails)
 KEY_HASH = "cowmap-murmur-v1"
@@ -43,6 +45,13 @@ KEY_HASH = "cowmap-murmur-v1"
 
 def serializer_of(descriptor: StateDescriptor) -> Serializer:
     return getattr(descriptor, "serializer", None) or PICKLE
+
+
+def column_serializers(kind: str, value_serializer: Serializer) -> list[Serializer]:
+    """The serializer of each column of a state's rows: the state's own for its
+    values, pickle for keys, namespaces, user keys and timestamps."""
+    values_at = 3 if kind == "map" else 2
+    return [value_serializer if i == values_at else PICKLE for i in range(5)]
 
 
 def ttl_to_json(cfg: StateTtlConfig | None) -> dict[str, Any] | None:
@@ -87,7 +96,12 @@ def encode_block(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
         if kg not in s.maps:
             continue
         snap._check()
-        columns = _entry_columns(s, kg) if type(s.table).export is StateTable.export else None
+        kind = s.table.kind
+        columns = (
+            _map_columns(s, kg)
+            if kind == "map"
+            else _entry_columns(s, kg) if type(s.table).export is StateTable.export else None
+        )
         if columns is None:
             rows = list(snap._entries_of(s, kg))
             columns = list(zip(*rows))
@@ -96,8 +110,8 @@ def encode_block(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
             continue
         if not s.ttl:
             columns.pop()  # timestamps: NO_TIMESTAMP (value, map) or None (list) throughout
-        ser = serializer_of(s.live_descriptor)
-        sections.append((i, n, [encode_column(c, ser) for c in columns]))
+        sers = column_serializers(kind, serializer_of(s.live_descriptor))
+        sections.append((i, n, [encode_column(c, ser) for c, ser in zip(columns, sers)]))
     return sections
 
 
@@ -114,6 +128,32 @@ def _entry_columns(s: Any, kg: int) -> list[Any]:
             if not isinstance(ns, Const):
                 ns = _take(ns, keep)
     return [keys, ns, values, ts]
+
+
+def _map_columns(s: Any, kg: int) -> list[Any]:
+    """``[keys, namespaces, user keys, values, timestamps]`` of a MapState's user
+    entries in insertion order, read out by the core in one call (see
+    ``user_map``: a user entry's namespace in the core is the key itself in the
+    void namespace, else ``(key, namespace, NS_MARKER)``)."""
+    ukeys, ctxs, values, ts = snapshot_columns(s.maps[kg], NS_MARKER)
+    keys: Any
+    ns: Any
+    if ctxs is None:  # no entries (no context is the marker itself)
+        ctxs = []
+    if isinstance(ctxs, np.ndarray) or not any(type(c) is tuple for c in ctxs):
+        keys, ns = ctxs, Const(VOID_NAMESPACE)
+    else:
+        pairs = [split_ctx(c) for c in ctxs]
+        keys, ns = [k for k, _ in pairs], [n for _, n in pairs]
+    if isinstance(values, list):
+        values = replace_all(values, NONE_VALUE, None)
+    if s.cleanup_now is not None:
+        keep = ts > s.cleanup_now - s.ttl
+        if not keep.all():
+            keys, ukeys, values, ts = (_take(c, keep) for c in (keys, ukeys, values, ts))
+            if not isinstance(ns, Const):
+                ns = _take(ns, keep)
+    return [keys, ns, ukeys, values, ts]
 
 
 def _take(col: Any, keep: np.ndarray) -> Any:
@@ -195,7 +235,7 @@ def restore_blocks(
             table = tables[i]
             if not table.ttl:
                 cols.append(None)
-            if _put_numbers(table, kg, n, cols):
+            if _put_numbers(table, kg, n, cols) or (table.kind == "map" and _put_user_entries(table, kg, n, cols)):
                 continue
             fields = [column_list(c, n) if c is not None else _no_stamps(table.kind, n) for c in cols]
             table.import_records(kg, zip(*fields))
@@ -203,6 +243,24 @@ def restore_blocks(
 
 def _no_stamps(kind: str, n: int) -> list[Any]:
     return [None] * n if kind == "list" else [NO_TIMESTAMP] * n
+
+
+def _put_user_entries(table: Any, kg: int, n: int, cols: list[Any]) -> bool:
+    """A MapState's rows in one namespace: one compiled call that inserts (or
+    overwrites, keeping the place) each user entry with its timestamp. False
+    for rows in several namespaces."""
+    keys, ns, ukeys, values, ts = cols
+    if not isinstance(ns, tuple):
+        return False
+    table.map_for_write(kg)
+    keys = column_list(keys, n)
+    ctxs = keys if ns[0] is VOID_NAMESPACE else [make_ctx(k, ns[0]) for k in keys]
+    stamps = ts.tolist() if ts is not None else NO_TIMESTAMP
+    user_insert_many(
+        table.users, [kg] * n, ctxs, keys, ns[0], column_list(ukeys, n), column_list(values, n),
+        range(n), NONE_VALUE, stamps,
+    )
+    return True
 
 
 def _put_numbers(table: Any, kg: int, n: int, cols: list[Any]) -> bool:
@@ -216,6 +274,6 @@ def _put_numbers(table: Any, kg: int, n: int, cols: list[Any]) -> bool:
     if not isinstance(values, np.ndarray):
         return False
     maps = table.maps
-    table.map_for_write(kg)
+    table.map_for_write(kg, n)
     column_put(maps, np.full(n, kg, dtype=np.int32), keys, ns[0], values)
     return True

@@ -65,18 +65,28 @@ class AggregateFunction(Generic[IN, ACC, OUT]):
 
 
 class StateDescriptor:
-    """Base of the descriptors: a name, an optional TTL config and a copier."""
+    """Base of the descriptors: a name, an optional TTL config, a copier, and the
+    serializer durable checkpoints write values with (an object with
+    ``dumps(obj) -> bytes`` and ``loads(bytes) -> obj``; None: pickle, protocol 5).
+    Ints, floats and strs are written without it."""
 
     kind: str = ""
 
-    def __init__(self, name: str, copier: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self, name: str, copier: Callable[[Any], Any] | None = None, serializer: Any = None
+    ) -> None:
         if not isinstance(name, str):
             raise TypeError(f"state name must be a str, not {type(name).__name__}")
         if not name:
             raise ValueError("state name must not be empty")
         if copier is not None and not callable(copier):
             raise TypeError(f"copier must be callable or None, not {type(copier).__name__}")
+        if serializer is not None and not (
+            callable(getattr(serializer, "dumps", None)) and callable(getattr(serializer, "loads", None))
+        ):
+            raise TypeError(f"serializer must have dumps() and loads(), not {type(serializer).__name__}")
         self.name = name
+        self.serializer = serializer
         self.copier: Callable[[Any], Any] = copier if copier is not None else copy_value
         self.ttl_config: StateTtlConfig | None = None
 
@@ -98,8 +108,14 @@ class ValueStateDescriptor(StateDescriptor):
 
     kind = "value"
 
-    def __init__(self, name: str, default_value: Any = None, copier: Callable[[Any], Any] | None = None) -> None:
-        super().__init__(name, copier)
+    def __init__(
+        self,
+        name: str,
+        default_value: Any = None,
+        copier: Callable[[Any], Any] | None = None,
+        serializer: Any = None,
+    ) -> None:
+        super().__init__(name, copier, serializer)
         self.default_value = default_value
 
 
@@ -121,9 +137,13 @@ class ReducingStateDescriptor(StateDescriptor):
     kind = "reducing"
 
     def __init__(
-        self, name: str, reduce_function: Callable[[Any, Any], Any], copier: Callable[[Any], Any] | None = None
+        self,
+        name: str,
+        reduce_function: Callable[[Any, Any], Any],
+        copier: Callable[[Any], Any] | None = None,
+        serializer: Any = None,
     ) -> None:
-        super().__init__(name, copier)
+        super().__init__(name, copier, serializer)
         # PyFlink's ReduceFunction (an object with a reduce method) too; but a
         # callable is called as it is: numpy's ufuncs have a reduce method of
         # another meaning (np.add.reduce(array, axis))
@@ -139,9 +159,13 @@ class AggregatingStateDescriptor(StateDescriptor):
     kind = "aggregating"
 
     def __init__(
-        self, name: str, aggregate_function: AggregateFunction, copier: Callable[[Any], Any] | None = None
+        self,
+        name: str,
+        aggregate_function: AggregateFunction,
+        copier: Callable[[Any], Any] | None = None,
+        serializer: Any = None,
     ) -> None:
-        super().__init__(name, copier)
+        super().__init__(name, copier, serializer)
         for method in ("create_accumulator", "add", "get_result", "merge"):
             if not callable(getattr(aggregate_function, method, None)):
                 raise TypeError(f"aggregate_function must have a callable {method}()")

@@ -48,7 +48,7 @@ class MapTable(StateTable):
     def copy_state(self, value: Any) -> Any:
         return value if value is NONE_VALUE else self.copy_value(value)
 
-    def map_for_write(self, kg: int) -> FlatStateMap:  # type: ignore[override]
+    def map_for_write(self, kg: int, expected: int = 0) -> FlatStateMap:  # type: ignore[override]
         """The value map of key group ``kg``, its user map made if need be. O(1)."""
         m = self.maps[kg]
         if m is None:

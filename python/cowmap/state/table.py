@@ -109,17 +109,22 @@ class StateTable:
 
     # ------------------------------------------------------------ maps
 
-    def new_map(self) -> CopyOnWriteStateMap:
-        return CopyOnWriteStateMap(copier=self.copy_state)
+    def new_map(self, capacity: int = 128) -> CopyOnWriteStateMap:
+        return CopyOnWriteStateMap(capacity=capacity, copier=self.copy_state)
 
     def copy_state(self, state: Any) -> Any:
         """The core's copier: a state shared with a snapshot, copied before a change."""
         return self.copy_value(state)
 
-    def map_for_write(self, kg: int) -> CopyOnWriteStateMap:
+    def map_for_write(self, kg: int, expected: int = 0) -> CopyOnWriteStateMap:
+        """The map of key group ``kg``, made if need be: with room for
+        ``expected`` entries without a rehash (a restore knows its count)."""
         m = self.maps[kg]
         if m is None:
-            m = self.maps[kg] = self.new_map()
+            capacity = 128
+            while capacity - (capacity >> 2) < expected:  # Flink's threshold: 3/4 of the capacity
+                capacity <<= 1
+            m = self.maps[kg] = self.new_map(capacity)
             self.live.append(kg)
         return m
 
