@@ -474,15 +474,9 @@ cdef class AsyncExecutionController(ControllerBase):
         kg = kc.key_group
         self._barrier = True
         try:
-            while self._holders:
-                if not self._make_progress():
-                    if self._failure is not None:
-                        raise RuntimeError(
-                            f"records holding {len(self._holders)} keys can never finish: a callback failed "
-                            f"earlier ({self._failure!r})"
-                        ) from self._failure
-                    if not self.mailbox.run_until(lambda: len(self.mailbox) > 0 or not self._holders, timeout):
-                        raise TimeoutError(f"records still hold {len(self._holders)} keys after {timeout} s")
+            self._run_until(
+                lambda: not self._holders, timeout, lambda: f"the records holding {len(self._holders)} keys"
+            )
         except BaseException:
             self.end_unaligned_checkpoint()
             raise
@@ -791,7 +785,13 @@ cdef class AsyncExecutionController(ControllerBase):
         return 0
 
     def _drain(self, timeout):
-        while self._in_flight:
+        self._run_until(lambda: not self._in_flight, timeout, lambda: f"{self._in_flight} records")
+
+    def _run_until(self, done, timeout, what):
+        """Run batches and mails until ``done()``; ``what()`` names the records
+        waited for, in the errors: a RuntimeError once a callback failed and
+        nothing else can run, a TimeoutError after ``timeout`` s without progress."""
+        while not done():
             try:
                 progressed = self._make_progress()
             except BaseException as exc:
@@ -801,11 +801,10 @@ cdef class AsyncExecutionController(ControllerBase):
             if not progressed:
                 if self._failure is not None:
                     raise RuntimeError(
-                        f"{self._in_flight} records can never finish: a callback failed earlier "
-                        f"({self._failure!r})"
+                        f"{what()} can never finish: a callback failed earlier ({self._failure!r})"
                     ) from self._failure
-                if not self.mailbox.run_until(lambda: len(self.mailbox) > 0 or not self._in_flight, timeout):
-                    raise TimeoutError(f"{self._in_flight} records still in flight after {timeout} s")
+                if not self.mailbox.run_until(lambda: len(self.mailbox) > 0 or done(), timeout):
+                    raise TimeoutError(f"{what()} still in flight after {timeout} s")
 
     # ------------------------------------------------------------ epochs
 

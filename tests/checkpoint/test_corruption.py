@@ -107,3 +107,30 @@ def test_cli_verify_names_the_damage(tmp_path: Path, capsys: Any) -> None:
     out = capsys.readouterr().out
     assert str(data) in out and "CORRUPT" in out
     assert storage.checkpoints() == [1, 2]
+
+
+def test_a_data_file_of_another_checkpoint_is_refused(tmp_path: Path) -> None:
+    """A manifest naming a data file that holds another checkpoint (a file copied
+    over it, same size) is corruption, not a silent restore of other state."""
+    b = KeyedStateBackend(max_parallelism=4, time_provider=Clock())
+    s = register(b, ttl=True)
+    for k in range(10):
+        b.set_current_key(k)
+        s["value"].update(k)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    storage.save(b)  # the same state again: a data file of the same size
+    one, two = (tmp_path / f"chk-{i:010d}.data" for i in (1, 2))
+    assert one.stat().st_size == two.stat().st_size
+    two.write_bytes(one.read_bytes())
+    err = restore_fails(storage, two)
+    assert err.block == "header" and "holds checkpoint 1" in str(err)
+
+
+def test_cli_on_a_missing_directory(tmp_path: Path, capsys: Any) -> None:
+    from cowmap.checkpoint.__main__ import main
+
+    missing = tmp_path / "nope"
+    assert main(["inspect", str(missing)]) == 2
+    assert not missing.exists()
+    assert "no checkpoint directory" in capsys.readouterr().err

@@ -4,6 +4,7 @@ holds, and whether every byte of it checks out."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -76,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("uri", help="a checkpoint directory: a local path or a pyarrow filesystem URI")
     p.add_argument("--id", type=int, default=None, help="one checkpoint (default: every committed one)")
     args = p.parse_args(argv)
+    if "://" not in args.uri and not os.path.isdir(args.uri):
+        print(f"no checkpoint directory {args.uri!r}", file=sys.stderr)
+        return 2
     storage = CheckpointStorage(args.uri)
     return (inspect if args.command == "inspect" else verify)(storage, args.id)
 

@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from cowmap.checkpoint.columns import PICKLE, Serializer, serializer_name
+from cowmap.checkpoint.errors import CorruptCheckpointError
 from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, DataFileWriter, Section
 from cowmap.checkpoint.pending import decode_pending, encode_pending
 from cowmap.checkpoint.states import (
@@ -61,7 +62,9 @@ class CheckpointStorage:
 
     One writer per directory at a time (one storage object may be shared by
     threads: its saves run one after another). Restoring from any number of
-    processes is fine.
+    processes is fine. Call ``save``, ``save_async`` and ``restore`` from the
+    backend's own thread (the snapshot and the restore use the backend); only
+    the writing of ``save_async`` runs on another thread.
     """
 
     def __init__(self, uri: str | os.PathLike[str], *, filesystem: pafs.FileSystem | None = None) -> None:
@@ -89,6 +92,10 @@ class CheckpointStorage:
         """Write every state of ``backend`` as a new checkpoint; returns its id
         (greater than every id in the directory). Consistent at the call (a
         copy-on-write snapshot). O(entries).
+
+        ``incremental`` is accepted for forward compatibility: incremental
+        checkpoints (only what changed since the last one) are not built yet,
+        so every save writes a full checkpoint.
 
         With ``controller`` (the backend's ``AsyncExecutionController``), an
         unaligned-style checkpoint: the records holding a key are finished, the
@@ -201,6 +208,10 @@ class CheckpointStorage:
         cid = ids[-1] if checkpoint_id is None else checkpoint_id
         manifest = self._store.manifest(cid)
         readers = [self._store.open_data(f["name"], f["size"]) for f in manifest["files"]]
+        if readers[-1].header.get("checkpoint_id") != cid:
+            raise CorruptCheckpointError(
+                readers[-1].path, "header", f"holds checkpoint {readers[-1].header.get('checkpoint_id')}, not {cid}"
+            )
         kc = backend.key_context
         decoded = []
         for r in readers:

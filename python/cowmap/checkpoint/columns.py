@@ -34,6 +34,7 @@ T_STR = 3
 T_SERIALIZED = 4
 T_CONST = 5
 T_NONE = 6  # a column of None (ListState without TTL has no timestamps)
+T_INT32 = 7  # ints that fit in int32, stored in 4 bytes each
 
 _COL = struct.Struct("<BQ")
 
@@ -86,7 +87,10 @@ def encode_column(col: Any, serializer: Serializer) -> list[bytes]:
     """The parts of column ``col``: a list or tuple, an int64/float64 numpy
     array, or a :class:`Const`."""
     if isinstance(col, np.ndarray):
-        return _raw(T_INT64 if col.dtype.kind == "i" else T_FLOAT64, col)
+        if col.dtype.kind == "i":
+            narrow = len(col) and col.min() >= -(2**31) and col.max() < 2**31
+            return _raw(T_INT32, col) if narrow else _raw(T_INT64, col)
+        return _raw(T_FLOAT64, col)
     if isinstance(col, Const):
         data = _dumps(serializer, col.value)
         return [_COL.pack(T_CONST, len(data)), data]
@@ -134,8 +138,11 @@ def _hashable(x: Any) -> bool:
     return True
 
 
+_RAW = {T_INT64: "<i8", T_FLOAT64: "<f8", T_INT32: "<i4"}
+
+
 def _raw(tag: int, arr: np.ndarray) -> list[bytes]:
-    data = arr.astype("<i8" if tag == T_INT64 else "<f8", copy=False).tobytes()
+    data = arr.astype(_RAW[tag], copy=False).tobytes()
     return [_COL.pack(tag, len(data)), data]
 
 
@@ -157,7 +164,7 @@ def skip_column(buf: memoryview, pos: int) -> int:
         raise ColumnError(f"column header at byte {pos} runs past the block")
     tag, size = _COL.unpack_from(buf, pos)
     end = pos + _COL.size + size
-    if end > len(buf) or not T_INT64 <= tag <= T_NONE:
+    if end > len(buf) or not T_INT64 <= tag <= T_INT32:
         raise ColumnError(f"bad column at byte {pos}")
     return end
 
@@ -173,12 +180,11 @@ def decode_column(buf: memoryview, pos: int, n: int, serializer: Serializer) -> 
     if end > len(buf):
         raise ColumnError(f"column of {size} bytes at byte {pos} runs past the block")
     data = buf[pos:end]
-    if tag in (T_INT64, T_FLOAT64):
-        if size != 8 * n:
+    if tag in _RAW:
+        width = 4 if tag == T_INT32 else 8
+        if size != width * n:
             raise ColumnError(f"numeric column of {size} bytes for {n} rows")
-        return np.frombuffer(data, "<i8" if tag == T_INT64 else "<f8").astype(
-            np.int64 if tag == T_INT64 else np.float64
-        ), end
+        return np.frombuffer(data, _RAW[tag]).astype(np.float64 if tag == T_FLOAT64 else np.int64), end
     if tag == T_STR:
         if size < 8 * n:
             raise ColumnError(f"string column of {size} bytes for {n} rows")

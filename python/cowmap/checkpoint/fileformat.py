@@ -158,9 +158,27 @@ class DataFileReader:
     def section_sizes(self, kg: int, raw: bytes) -> list[tuple[int, int, int]]:
         """``(state index, rows, bytes)`` of each section of a checked block, its
         structure walked without decoding a value."""
+        return [(state, n, size) for state, n, size, _ in self._walk(kg, raw, None)]
+
+    def sections(
+        self, kg: int, raw: bytes, serializers: Sequence[Sequence[Serializer]] | Mapping[int, Sequence[Serializer]]
+    ) -> Iterator[tuple[int, int, list[Any]]]:
+        """Decode a block read by :meth:`block_bytes`: ``(state index, rows,
+        columns)``; ``serializers[state][i]`` reads column ``i`` of a state."""
+        for state, n, _, cols in self._walk(kg, raw, serializers):
+            assert cols is not None  # decoded: serializers were given
+            yield state, n, cols
+
+    def _walk(
+        self,
+        kg: int,
+        raw: bytes,
+        serializers: Sequence[Sequence[Serializer]] | Mapping[int, Sequence[Serializer]] | None,
+    ) -> Iterator[tuple[int, int, int, list[Any] | None]]:
+        """``(state index, rows, bytes, columns)`` of each section; the columns
+        decoded with ``serializers``, or skipped (None) without them."""
         buf = memoryview(raw)
         where = f"key group {kg}"
-        out = []
         try:
             magic, bkg, nsec = _BLOCK.unpack_from(buf, 0)
             if magic != BLOCK_MAGIC or bkg != kg:
@@ -170,30 +188,11 @@ class DataFileReader:
                 start = pos
                 state, n, ncols = _SECTION.unpack_from(buf, pos)
                 pos += _SECTION.size
-                for _ in range(ncols):
-                    pos = skip_column(buf, pos)
-                out.append((state, n, pos - start))
-            if pos != len(buf):
-                self._fail(where, f"{len(buf) - pos} bytes after the last section")
-        except (struct.error, ColumnError) as e:
-            self._fail(where, str(e))
-        return out
-
-    def sections(
-        self, kg: int, raw: bytes, serializers: Sequence[Sequence[Serializer]] | Mapping[int, Sequence[Serializer]]
-    ) -> Iterator[tuple[int, int, list[Any]]]:
-        """Decode a block read by :meth:`block_bytes`: ``(state index, rows,
-        columns)``; ``serializers[state][i]`` reads column ``i`` of a state."""
-        buf = memoryview(raw)
-        where = f"key group {kg}"
-        try:
-            magic, bkg, nsec = _BLOCK.unpack_from(buf, 0)
-            if magic != BLOCK_MAGIC or bkg != kg:
-                self._fail(where, "bad block marker")
-            pos = _BLOCK.size
-            for _ in range(nsec):
-                state, n, ncols = _SECTION.unpack_from(buf, pos)
-                pos += _SECTION.size
+                if serializers is None:
+                    for _ in range(ncols):
+                        pos = skip_column(buf, pos)
+                    yield state, n, pos - start, None
+                    continue
                 try:
                     sers = serializers[state]
                 except (IndexError, KeyError):
@@ -204,7 +203,7 @@ class DataFileReader:
                 for i in range(ncols):
                     col, pos = decode_column(buf, pos, n, sers[i])
                     cols.append(col)
-                yield state, n, cols
+                yield state, n, pos - start, cols
             if pos != len(buf):
                 self._fail(where, f"{len(buf) - pos} bytes after the last section")
         except (struct.error, ColumnError) as e:
