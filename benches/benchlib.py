@@ -208,7 +208,8 @@ def _rows() -> list[Row]:
 
 
 def _checkpoint_rows() -> list[Row]:
-    """Figures 20-22 (test_bench_checkpoint.py): durable checkpoints vs pickle of a dict."""
+    """Figures 20-23 (test_bench_checkpoint.py): durable checkpoints vs pickle of a dict, and
+    an unaligned-style checkpoint's start vs draining first."""
     n = f"{BIG_LABEL} ValueState + MapState"
     return [
         Row("20", f"full checkpoint save, {n}", "ns/entry", "checkpoint.save", "checkpoint.pickle_dump",
@@ -223,6 +224,8 @@ def _checkpoint_rows() -> list[Row]:
             "checkpoint.base_rate", "same loop, no checkpoint", "ratio", 2.0),
         Row("22", "longest stall of 1,000-record slices while save_async writes", "ms",
             "checkpoint.async_stall", "checkpoint.stall_limit", "the 20 ms limit", "abs", 20.0),
+        Row("23", "unaligned checkpoint start, 10,000 records behind one key", "ms", "checkpoint.unaligned",
+            "checkpoint.drain_first", "drain first, then save_async", "abs", 10.0),
     ]
 
 

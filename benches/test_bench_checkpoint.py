@@ -1,4 +1,4 @@
-"""Figures 20-22: durable checkpoints of a backend, against pickle of a plain dict.
+"""Figures 20-23: durable checkpoints of a backend, against pickle of a plain dict.
 
 A backend of int keys and int values in a ValueState (``N_BIG``: 2M by default, 10M with
 ``COWMAP_BENCH_FULL=1``) plus a MapState of a tenth as many user entries, checkpointed to a
@@ -11,6 +11,7 @@ round. Entries/s count the ValueState's entries on both sides. The setup is
 21. Restore into a fresh backend vs ``pickle.load`` of that file.
 22. ``save_async``: records/s of a read-modify-write loop while the checkpoint is written,
     against the same loop with no checkpoint, and the longest gap between 1,000-record slices.
+23. An unaligned-style checkpoint's start with 10,000 records queued behind one key.
 """
 
 from __future__ import annotations
@@ -103,3 +104,12 @@ def test_save_async_keeps_records_flowing(benchmark, figures, big_backend, tmp_p
     figures.record("checkpoint.base_rate", 1e9 / sorted(base)[len(base) // 2])
     figures.record("checkpoint.async_stall", max(stalls))
     figures.record("checkpoint.stall_limit", 20.0)
+
+
+@pytest.mark.benchmark(group="checkpoint")
+def test_unaligned_checkpoint_start(benchmark, figures):
+    """23. With 10,000 records of one key queued in an AsyncExecutionController, the time
+    until an unaligned-style ``save_async`` has its snapshot, against draining first."""
+    res = benchmark.pedantic(checkpoint.unaligned_start, args=(10_000, ROUNDS), rounds=1, iterations=1)
+    figures.record("checkpoint.unaligned", res["unaligned_ms"])
+    figures.record("checkpoint.drain_first", res["drain_first_ms"])

@@ -225,7 +225,7 @@ def column_put(
     keys: _KeyCol,
     namespace: Any,
     states: tuple[Any, ...] | npt.NDArray[np.int64] | npt.NDArray[np.float64],
-    ts: int = ...,
+    ts: _Time | npt.NDArray[np.int64] = ...,
 ) -> None: ...
 def column_remove(maps: list[Any], kgs: npt.NDArray[np.int32], keys: _KeyCol, namespace: Any) -> None: ...
 def column_contains(

@@ -236,17 +236,27 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
 
 def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP):
     """Write ``states[i]`` to ``keys[i]`` in ``namespace`` of ``maps[kgs[i]]``
-    with timestamp ``ts`` for every row, in order; a state None removes the
-    key instead. ``states`` is a tuple, or an int64 or float64 array (written
-    as ints / floats). Every row's map must exist (``ValueError``). Not
-    atomic: when a row fails, the rows before it are written. O(len(keys))."""
+    with timestamp ``ts`` for every row (or ``ts[i]`` when ``ts`` is an int64
+    array: a restore's), in order; a state None removes the key instead.
+    ``states`` is a tuple, or an int64 or float64 array (written as ints /
+    floats). Every row's map must exist (``ValueError``). Not atomic: when a
+    row fails, the rows before it are written. O(len(keys))."""
     cdef _Column col = _Column()
     col.setup(CM_COL_PUT, maps, kgs, keys, namespace)
     cdef Py_ssize_t i, n = col.c.n
     cdef const int64_t[::1] iv
+    cdef const int64_t[::1] tv
     cdef const double[::1] fv
     cdef PyObject **buf
-    col.c.ts = _as_time(ts)
+    if getattr(ts, "dtype", None) is not None:
+        if ts.dtype.kind != "i" or ts.dtype.itemsize != 8:
+            raise TypeError(f"ts must be an int, a time provider or an int64 array, not a {ts.dtype} array")
+        tv = ts
+        if tv.shape[0] != n:
+            raise ValueError(f"{tv.shape[0]} timestamps for {n} keys")
+        col.c.tss = &tv[0] if n else NULL
+    else:
+        col.c.ts = _as_time(ts)
     if type(states) is tuple:
         if len(<tuple>states) != n:
             raise ValueError(f"{len(<tuple>states)} states for {n} keys")

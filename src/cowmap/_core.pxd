@@ -115,6 +115,7 @@ cdef extern from "cowmap_core.h":
         const int64_t *istates
         const double *fstates
         int64_t ts
+        const int64_t *tss
         int fold
         int return_expired
         PyObject *unfit

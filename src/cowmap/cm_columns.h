@@ -51,6 +51,7 @@ typedef struct {
     const int64_t *istates; /* PUT: int64 states made into ints as they are written, or NULL */
     const double *fstates;  /* PUT: float64 states made into floats, or NULL */
     int64_t ts;
+    const int64_t *tss;     /* PUT: one timestamp per row (a restore's), used instead of ts, or NULL */
     /* FOLD: istates[i] is combined (fold: CM_FOLD_*) with the row's stored int
      * when that is usable (present, and unexpired unless return_expired), else
      * written as it is; written with ts. A row whose stored value is no int of
@@ -162,6 +163,11 @@ static int cm_col_unfit(const cm_col *c, Py_ssize_t i) {
     return r;
 }
 
+/* The timestamp row i is written with. */
+static inline int64_t cm_col_ts(const cm_col *c, Py_ssize_t i) {
+    return c->tss ? c->tss[i] : c->ts;
+}
+
 /* The new state object of row i (FOLD: the int v), a new reference. */
 static inline PyObject *cm_col_new_state(const cm_col *c, Py_ssize_t i, int64_t v) {
     return c->op == CM_COL_FOLD ? PyLong_FromLongLong(v) : cm_col_state(c, i);
@@ -179,7 +185,7 @@ static inline int cm_col_rewrite(cm_map *m, uint32_t w, const cm_col *c, Py_ssiz
                                     : 0;
     if (done) {
         e->sv = m->version;
-        e->ts = c->ts;
+        e->ts = cm_col_ts(c, i);
     }
     return done;
 }
@@ -198,7 +204,7 @@ static int cm_col_fold_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssi
     PyObject *st = cm_col_new_state(c, i, v);
     if (!st) return -1;
     if (!w && !(w = cm_add_entry(m, p, loc.t))) { cm_grave(m, st); return -1; }
-    cm_set_state(m, w, st, c->ts);
+    cm_set_state(m, w, st, cm_col_ts(c, i));
     return 0;
 }
 
@@ -216,7 +222,7 @@ static int cm_col_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t 
         if (cm_locate(m, p, &loc) < 0) { Py_DECREF(st); return -1; }
         uint32_t w = loc.found ? cm_writable(m, p, &loc) : cm_add_entry(m, p, loc.t);
         if (!w) { cm_grave(m, st); return -1; }
-        cm_set_state(m, w, st, c->ts);
+        cm_set_state(m, w, st, cm_col_ts(c, i));
         return 0;
     }
     if (c->op == CM_COL_REMOVE) return cm_remove_probe(m, p, NULL) < 0 ? -1 : 0;
@@ -428,7 +434,7 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         PyObject *st = cm_col_new_state(c, j, fv);
         if (!st) return -1;
         if (!hit && !(hit = cm_add_entry(m, &p, &m->primary))) { cm_grave(m, st); return -1; }
-        cm_set_state(m, hit, st, c->ts);
+        cm_set_state(m, hit, st, cm_col_ts(c, j));
         if (m->rehash.capacity) slow[kg] = 1; /* the insert started a rehash: later rows go the general way */
     }
     return 0;

@@ -420,3 +420,23 @@ def test_fold_and_put_refuse_a_missing_map_before_writing() -> None:
     assert len(maps[0]) == 0
     with pytest.raises(TypeError, match="states must be a tuple"):
         column_put(maps, kgs[:1], keys[:1], NS, [1])
+
+
+def test_column_put_with_a_timestamp_per_row() -> None:
+    """A restore writes each row with its own timestamp: ``ts`` as an int64 array."""
+    from cowmap._core import CopyOnWriteStateMap, column_put
+
+    maps = [CopyOnWriteStateMap(), CopyOnWriteStateMap()]
+    keys = np.arange(10, dtype=np.int64)
+    kgs = (keys % 2).astype(np.int32)
+    stamps = keys * 1000 + 7
+    column_put(maps, kgs, keys, "ns", keys * 3, stamps)
+    column_put(maps, kgs[:2], keys[:2], "ns", (("a",), ("b",)), stamps[:2][::-1].copy())
+    for k in range(10):
+        m = maps[k % 2]
+        assert m.timestamp(k, "ns") == (stamps[1 - k] if k < 2 else stamps[k])
+        assert m.get(k, "ns") == ((("a",), ("b",))[k] if k < 2 else k * 3)
+    with pytest.raises(ValueError, match="timestamps"):
+        column_put(maps, kgs, keys, "ns", keys, stamps[:3])
+    with pytest.raises(TypeError, match="int64 array"):
+        column_put(maps, kgs, keys, "ns", keys, stamps.astype(np.float64))

@@ -264,16 +264,15 @@ def _put_user_entries(table: Any, kg: int, n: int, cols: list[Any]) -> bool:
 
 
 def _put_numbers(table: Any, kg: int, n: int, cols: list[Any]) -> bool:
-    """A value-like state without TTL whose keys and values are numbers in one
-    namespace: one compiled call. False when the rows are not of that shape."""
-    if table.kind == "list" or table.kind == "map" or cols[-1] is not None:
+    """A value-like state whose keys and values are numbers in one namespace:
+    one compiled call (with each row's timestamp under TTL). False when the
+    rows are not of that shape."""
+    if table.kind == "list" or table.kind == "map":
         return False
-    keys, ns, values = cols[0], cols[1], cols[2]
-    if not (isinstance(keys, np.ndarray) and keys.dtype.kind == "i" and isinstance(ns, tuple)):
+    keys, ns, values, ts = cols
+    if not (isinstance(keys, np.ndarray) and isinstance(ns, tuple) and isinstance(values, np.ndarray)):
         return False
-    if not isinstance(values, np.ndarray):
-        return False
-    maps = table.maps
     table.map_for_write(kg, n)
-    column_put(maps, np.full(n, kg, dtype=np.int32), keys, ns[0], values)
+    kgs = np.full(n, kg, dtype=np.int32)
+    column_put(table.maps, kgs, keys, ns[0], values, NO_TIMESTAMP if ts is None else ts)
     return True
