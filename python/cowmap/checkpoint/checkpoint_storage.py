@@ -167,6 +167,8 @@ class CheckpointStorage:
                 w = DataFileWriter(out, header)
                 for kg in kgs:
                     sections = encode_block(snap, kg)
+                    # encoded: the backend need not keep this key group's data for us any longer
+                    snap._release_key_group(kg)
                     if sections:
                         w.block(kg, sections)
                         rows += sum(n for _, n, _ in sections)

@@ -120,6 +120,14 @@ class KeyedStateSnapshot:
         self._check()
         return s.table.export(s.maps[kg], s.cleanup_now, s.ttl)
 
+    def _release_key_group(self, kg: int) -> None:
+        """Release the part of key group ``kg`` early (a checkpoint writer done
+        with it), so the backend stops copying that key group's writes. O(states)."""
+        for s in self._states.values():
+            snap = s.maps.pop(kg, None)
+            if snap is not None:
+                snap.release()
+
     def release(self) -> None:
         """Let the backend stop preserving this snapshot's data. Idempotent."""
         if self._released:

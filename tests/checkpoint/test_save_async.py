@@ -1,0 +1,68 @@
+"""save_async: the snapshot is taken at the call, the write runs on another
+thread while the backend keeps changing, and the snapshot is released when the
+write ends, committed or failed; a failure surfaces from result()."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cowmap.checkpoint import CheckpointStorage
+from cowmap.state import KeyedStateBackend, ValueStateDescriptor
+
+from ckpt_helpers import contents
+
+
+def live_snapshots(b: KeyedStateBackend) -> int:
+    return sum(len(m.snapshot_versions) for t in b._tables.values() for m in t.maps if m is not None)
+
+
+def test_writes_after_the_call_are_not_in_the_checkpoint(tmp_path: Path) -> None:
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("v"))
+    keys = np.arange(50_000, dtype=np.int64)
+    v.update_many(keys, keys)
+    expected = contents(b)
+    handle = CheckpointStorage(tmp_path).save_async(b)
+    v.update_many(keys, keys + 1)  # while it writes
+    v.clear_many(keys[:100])
+    cid = handle.result(timeout=60)
+    assert handle.done() and cid == 1
+    assert live_snapshots(b) == 0
+    r = KeyedStateBackend()
+    CheckpointStorage(tmp_path).restore(r)
+    assert contents(r) == expected
+
+
+class Exploding:
+    name = "exploding"
+
+    def __init__(self) -> None:
+        self.thread: threading.Thread | None = None
+
+    def dumps(self, obj: Any) -> bytes:
+        self.thread = threading.current_thread()
+        raise RuntimeError("disk on fire")
+
+    def loads(self, data: bytes) -> Any:
+        raise AssertionError("never written")
+
+
+def test_a_failed_write_raises_from_result_and_releases_the_snapshot(tmp_path: Path) -> None:
+    ser = Exploding()
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("v", serializer=ser))
+    b.set_current_key("k")
+    v.update([1, 2])  # not a number: goes through the serializer
+    storage = CheckpointStorage(tmp_path)
+    handle = storage.save_async(b)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        handle.result(timeout=60)
+    assert ser.thread is not threading.current_thread()  # it ran on the writer thread
+    assert live_snapshots(b) == 0
+    assert storage.checkpoints() == []
+    assert [p.name for p in tmp_path.iterdir()] == []  # the temporary file is gone too
