@@ -66,3 +66,31 @@ def test_a_failed_write_raises_from_result_and_releases_the_snapshot(tmp_path: P
     assert live_snapshots(b) == 0
     assert storage.checkpoints() == []
     assert [p.name for p in tmp_path.iterdir()] == []  # the temporary file is gone too
+
+
+def test_overlapping_saves_commit_one_after_another(tmp_path: Path) -> None:
+    """Two save_async calls before either ends (and a save during them): each
+    keeps the state of its own call, ids increase in call order, so the latest
+    id is the newest state."""
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("v"))
+    keys = np.arange(20_000, dtype=np.int64)
+    storage = CheckpointStorage(tmp_path)
+    expected = []
+    handles = []
+    for i in range(3):
+        v.update_many(keys, keys * i)
+        expected.append(contents(b))
+        handles.append(storage.save_async(b) if i < 2 else None)
+    sync_id = storage.save(b)
+    ids = [h.result(timeout=60) for h in handles[:2]] + [sync_id]
+    assert ids == sorted(ids) and len(set(ids)) == 3  # in the order of the calls, whichever write ended first
+    assert storage.checkpoints() == ids
+    for cid, want in zip(ids, expected):
+        r = KeyedStateBackend()
+        storage.restore(r, cid)
+        assert contents(r) == want
+    latest = KeyedStateBackend()
+    storage.restore(latest)
+    assert contents(latest) == expected[-1]
+    assert live_snapshots(b) == 0

@@ -106,7 +106,7 @@ class CheckpointStorage:
         _check_backend(backend)
         snap, pending = self._begin(backend, controller)
         try:
-            return self._write(snap, pending)
+            return self._write(snap, pending, self._store.reserve_id())
         finally:
             snap.release()
 
@@ -120,10 +120,15 @@ class CheckpointStorage:
         _check_backend(backend)
         snap, pending = self._begin(backend, controller)
         future: Future[int] = Future()
+        try:
+            cid = self._store.reserve_id()
+        except BaseException:
+            snap.release()
+            raise
 
         def run() -> None:
             try:
-                future.set_result(self._write(snap, pending))
+                future.set_result(self._write(snap, pending, cid))
             except BaseException as e:  # noqa: BLE001 - handed to the caller through result()
                 future.set_exception(e)
             finally:
@@ -147,10 +152,9 @@ class CheckpointStorage:
             controller.end_unaligned_checkpoint()
         return snap, pending
 
-    def _write(self, snap: KeyedStateSnapshot, pending: Section | None) -> int:
+    def _write(self, snap: KeyedStateSnapshot, pending: Section | None, cid: int) -> int:
         store = self._store
         with store.lock:
-            cid = store.next_id()
             names = snap.state_names()
             header = {
                 "checkpoint_id": cid,

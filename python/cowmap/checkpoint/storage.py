@@ -66,7 +66,10 @@ class Store:
         self.fs: pafs.FileSystem = fs
         self.path: str = path.rstrip("/") or "/"
         self.local = isinstance(fs, pafs.LocalFileSystem)
+        #: held while a checkpoint is written or files are deleted: one at a time
         self.lock = threading.Lock()
+        self.id_lock = threading.Lock()
+        self.last_reserved = 0
         fs.create_dir(self.path, recursive=True)
 
     def join(self, name: str) -> str:
@@ -79,9 +82,14 @@ class Store:
     def committed(self) -> list[int]:
         return sorted(int(m.group(1)) for n in self.names() if (m := _MANIFEST.match(n)))
 
-    def next_id(self) -> int:
-        ids = [int(m.group(1)) for n in self.names() if (m := _MANIFEST.match(n) or _DATA.match(n))]
-        return max(ids, default=0) + 1
+    def reserve_id(self) -> int:
+        """A new checkpoint id, above every id in the directory and every id this
+        object reserved before: taken when the snapshot is, so ids follow the
+        order of the snapshots even when their writes overlap."""
+        with self.id_lock:  # not `lock`: a save_async call must not wait for a write in progress
+            ids = [int(m.group(1)) for n in self.names() if (m := _MANIFEST.match(n) or _DATA.match(n))]
+            self.last_reserved = max(max(ids, default=0), self.last_reserved) + 1
+            return self.last_reserved
 
     # ------------------------------------------------------------ writing
 
