@@ -94,3 +94,25 @@ def test_overlapping_saves_commit_one_after_another(tmp_path: Path) -> None:
     storage.restore(latest)
     assert contents(latest) == expected[-1]
     assert live_snapshots(b) == 0
+
+
+def test_a_save_from_inside_a_write_is_refused_not_deadlocked(tmp_path: Path) -> None:
+    storage = CheckpointStorage(tmp_path)
+    b = KeyedStateBackend()
+
+    class SavesAgain:
+        name = "saves-again"
+
+        def dumps(self, obj: Any) -> bytes:
+            storage.save(b)  # re-entrant: the outer write holds the storage
+            return b""
+
+        def loads(self, data: bytes) -> Any:
+            return []
+
+    b.set_current_key(1)
+    b.get_state(ValueStateDescriptor("v", serializer=SavesAgain())).update([1])
+    with pytest.raises(RuntimeError, match="inside a checkpoint write"):
+        storage.save(b)
+    assert storage.checkpoints() == []
+    assert live_snapshots(b) == 0

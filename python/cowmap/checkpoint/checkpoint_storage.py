@@ -154,43 +154,57 @@ class CheckpointStorage:
 
     def _write(self, snap: KeyedStateSnapshot, pending: Section | None, cid: int) -> int:
         store = self._store
-        with store.lock:
-            names = snap.state_names()
-            header = {
-                "checkpoint_id": cid,
-                "type": "full",
-                "max_parallelism": snap.max_parallelism,
-                "key_group_range": [snap.key_group_range.start, snap.key_group_range.end],
-                "key_hash": KEY_HASH,
-                "timestamp": snap.timestamp,
-                "states": state_headers(snap),
-            }
-            kgs = sorted({kg for name in names for kg in snap.key_groups(name)})
-            rows = 0
-            with store.atomic(data_name(cid)) as out:
-                w = DataFileWriter(out, header)
-                for kg in kgs:
-                    sections = encode_block(snap, kg)
-                    # encoded: the backend need not keep this key group's data for us any longer
-                    snap._release_key_group(kg)
-                    if sections:
-                        w.block(kg, sections)
-                        rows += sum(n for _, n, _ in sections)
-                if pending is not None:
-                    w.block(PENDING_BLOCK, [pending])
-                size = w.finish()
-            store.write_manifest(
-                cid,
-                {
-                    "type": "full",
-                    "files": [{"name": data_name(cid), "size": size}],
-                    "entries": rows,
-                    "pending_records": pending[1] if pending is not None else 0,
-                    "max_parallelism": snap.max_parallelism,
-                    "states": names,
-                },
+        if store.writer == threading.get_ident():
+            raise RuntimeError(
+                "a checkpoint save was called from inside a checkpoint write of the same storage "
+                "(from a serializer?): it would wait for itself"
             )
-            return cid
+        with store.lock:
+            store.writer = threading.get_ident()
+            try:
+                return self._write_locked(snap, pending, cid)
+            finally:
+                store.writer = None
+
+    def _write_locked(self, snap: KeyedStateSnapshot, pending: Section | None, cid: int) -> int:
+        """Write checkpoint ``cid``: the data file, then the manifest that commits it."""
+        store = self._store
+        names = snap.state_names()
+        header = {
+            "checkpoint_id": cid,
+            "type": "full",
+            "max_parallelism": snap.max_parallelism,
+            "key_group_range": [snap.key_group_range.start, snap.key_group_range.end],
+            "key_hash": KEY_HASH,
+            "timestamp": snap.timestamp,
+            "states": state_headers(snap),
+        }
+        kgs = sorted({kg for name in names for kg in snap.key_groups(name)})
+        rows = 0
+        with store.atomic(data_name(cid)) as out:
+            w = DataFileWriter(out, header)
+            for kg in kgs:
+                sections = encode_block(snap, kg)
+                # encoded: the backend need not keep this key group's data for us any longer
+                snap._release_key_group(kg)
+                if sections:
+                    w.block(kg, sections)
+                    rows += sum(n for _, n, _ in sections)
+            if pending is not None:
+                w.block(PENDING_BLOCK, [pending])
+            size = w.finish()
+        store.write_manifest(
+            cid,
+            {
+                "type": "full",
+                "files": [{"name": data_name(cid), "size": size}],
+                "entries": rows,
+                "pending_records": pending[1] if pending is not None else 0,
+                "max_parallelism": snap.max_parallelism,
+                "states": names,
+            },
+        )
+        return cid
 
     # ------------------------------------------------------------ restoring
 

@@ -69,6 +69,7 @@ class Store:
         #: held while a checkpoint is written or files are deleted: one at a time
         self.lock = threading.Lock()
         self.id_lock = threading.Lock()
+        self.writer: int | None = None  # the thread holding `lock` to write, if any
         self.last_reserved = 0
         fs.create_dir(self.path, recursive=True)
 
