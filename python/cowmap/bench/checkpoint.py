@@ -191,8 +191,7 @@ def run(entries: int = 10_000_000, map_entries: int = 1_000_000, repeats: int = 
                 f"{dumps[-1]:.2f}s); restore {restores[-1]:.2f}s, ValueState alone {vrestores[-1]:.2f}s "
                 f"(pickle.load {loads[-1]:.2f}s)")
         del plain, bv
-        # a dropped backend is cyclic garbage (tables <-> maps' copiers): free it now, not in a
-        # full collection in the middle of the timed loop below
+        # whatever garbage the setup left goes now, not in a collection inside the timed loop
         gc.collect()
         loop_keys = keys[: min(entries, 2_000_000)].tolist()
         base_rates, async_rates, stalls = [], [], []

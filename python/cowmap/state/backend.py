@@ -253,6 +253,14 @@ class KeyedStateBackend:
                 if kc.lo <= kg <= kc.hi:
                     table.import_records(kg, snapshot._entries_of(s, kg))
 
+    def __del__(self) -> None:
+        # the key context and the tables that clean up on every record refer to
+        # each other (it ticks them, they read its key): break that cycle so the
+        # state is freed now, not by a later full collection
+        kc = getattr(self, "_kc", None)
+        if kc is not None:
+            kc.record_cleanups.clear()
+
     def __repr__(self) -> str:
         return (
             f"<KeyedStateBackend max_parallelism={self.max_parallelism} "

@@ -39,10 +39,6 @@ class MapTable(StateTable):
 
     def __init__(self, backend: Any, descriptor: Any) -> None:
         self.users: list[KeyGroupUserMap | None] = [None] * backend.max_parallelism
-        # one bound copier shared by every key group's value map, not one each:
-        # a key group then adds no more objects for the collector to track than
-        # its maps and its user map
-        self._copier = self.copy_state
         super().__init__(backend, descriptor)
 
     def copy_state(self, value: Any) -> Any:
@@ -52,7 +48,7 @@ class MapTable(StateTable):
         """The value map of key group ``kg``, its user map made if need be. O(1)."""
         m = self.maps[kg]
         if m is None:
-            u = self.users[kg] = KeyGroupUserMap(self._copier)
+            u = self.users[kg] = KeyGroupUserMap(self.copier)
             m = self.maps[kg] = u.values
             self.live.append(kg)
         return m

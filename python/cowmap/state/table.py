@@ -7,6 +7,7 @@ view's current namespace, and do their work on the map of that key group.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,26 @@ class VoidNamespace:
 VOID_NAMESPACE = VoidNamespace()
 
 
+class _TableCopier:
+    """A table's ``copy_state`` for its core maps, through a weak reference: the
+    maps (which the table holds) then do not hold the table, so a dropped
+    backend is freed at once by reference counting, not by a later full
+    collection, which would pause for as long as freeing every entry takes
+    (seconds for tens of millions). A map used after its state is gone raises
+    ``RuntimeError`` when it has to copy."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: StateTable) -> None:
+        self._table = weakref.ref(table)
+
+    def __call__(self, state: Any) -> Any:
+        table = self._table()
+        if table is None:
+            raise RuntimeError("the state this map belongs to is gone: nothing to copy its values with")
+        return table.copy_state(state)
+
+
 class StateTable:
     """The maps of one state, its TTL settings and its incremental cleanup.
 
@@ -60,7 +81,8 @@ class StateTable:
     view_class: type[State]
 
     def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor) -> None:
-        self.backend = backend
+        #: the core maps' copier (one for all of them): this table's copy_state
+        self.copier = _TableCopier(self)
         #: the backend's key context (current key, key group, clock), shared with the views
         self.kc: KeyContext = backend.key_context
         self.name = descriptor.name
@@ -110,7 +132,7 @@ class StateTable:
     # ------------------------------------------------------------ maps
 
     def new_map(self, capacity: int = 128) -> CopyOnWriteStateMap:
-        return CopyOnWriteStateMap(capacity=capacity, copier=self.copy_state)
+        return CopyOnWriteStateMap(capacity=capacity, copier=self.copier)
 
     def copy_state(self, state: Any) -> Any:
         """The core's copier: a state shared with a snapshot, copied before a change."""
