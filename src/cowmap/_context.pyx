@@ -148,3 +148,31 @@ for _name, _off in ((b"key", KC_KEY), (b"key_group", KC_KEY_GROUP), (b"clock", K
 for _name, _off in ((b"_t", SV_T), (b"_kc", SV_KC), (b"_ns", SV_NS)):
     cm_expose_member(StateView, _name, _off, 0)
 del _name, _off
+
+
+from cpython.weakref cimport PyWeakref_GetObject, PyWeakref_NewRef
+
+
+@cython.auto_pickle(False)
+@cython.final
+cdef class TableCopier:
+    """A state table's ``copy_state`` for its core maps, through a weak reference:
+    the maps (which the table holds) then do not hold the table, so a dropped
+    backend is freed at once by reference counting, not by a later full
+    collection, which would pause for as long as freeing every entry takes.
+    Calls ``type(table).copy_state(table, state)``: no bound method made per
+    copy. A map used after its state is gone raises ``RuntimeError`` when it
+    has to copy."""
+
+    cdef object _ref
+    cdef object _fn
+
+    def __cinit__(self, table):
+        self._ref = PyWeakref_NewRef(table, None)
+        self._fn = type(table).copy_state
+
+    def __call__(self, state):
+        table = <object>PyWeakref_GetObject(self._ref)
+        if table is None:
+            raise RuntimeError("the state this map belongs to is gone: nothing to copy its values with")
+        return self._fn(table, state)

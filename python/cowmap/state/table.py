@@ -7,11 +7,10 @@ view's current namespace, and do their work on the map of that key group.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from cowmap._context import KeyContext, StateView
+from cowmap._context import KeyContext, StateView, TableCopier
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing
 from cowmap._keygroups import column_key_groups
 from cowmap.state.descriptors import StateDescriptor
@@ -49,26 +48,6 @@ class VoidNamespace:
 VOID_NAMESPACE = VoidNamespace()
 
 
-class _TableCopier:
-    """A table's ``copy_state`` for its core maps, through a weak reference: the
-    maps (which the table holds) then do not hold the table, so a dropped
-    backend is freed at once by reference counting, not by a later full
-    collection, which would pause for as long as freeing every entry takes
-    (seconds for tens of millions). A map used after its state is gone raises
-    ``RuntimeError`` when it has to copy."""
-
-    __slots__ = ("_table",)
-
-    def __init__(self, table: StateTable) -> None:
-        self._table = weakref.ref(table)
-
-    def __call__(self, state: Any) -> Any:
-        table = self._table()
-        if table is None:
-            raise RuntimeError("the state this map belongs to is gone: nothing to copy its values with")
-        return table.copy_state(state)
-
-
 class StateTable:
     """The maps of one state, its TTL settings and its incremental cleanup.
 
@@ -82,7 +61,7 @@ class StateTable:
 
     def __init__(self, backend: KeyedStateBackend, descriptor: StateDescriptor) -> None:
         #: the core maps' copier (one for all of them): this table's copy_state
-        self.copier = _TableCopier(self)
+        self.copier = TableCopier(self)
         #: the backend's key context (current key, key group, clock), shared with the views
         self.kc: KeyContext = backend.key_context
         self.name = descriptor.name
