@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cowmap.asyncstate import AsyncExecutionController
 from cowmap.checkpoint import CheckpointStorage
@@ -131,3 +133,46 @@ def test_new_records_queue_behind_held_back_ones() -> None:
     aec.drain()
     b.set_current_key("k")
     assert b.get_list_state(ListStateDescriptor("log")).get() == [1, 2, 3]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    records=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "hot"]), st.integers(0, 9)), max_size=120),
+    at=st.integers(0, 120),
+    batch=st.integers(1, 40),
+)
+def test_recovery_from_an_unaligned_checkpoint_equals_draining(
+    tmp_path_factory: Any, records: list[tuple[str, int]], at: int, batch: int
+) -> None:
+    """Whatever the records, the batch size and where the checkpoint falls:
+    restore + the waiting records + the input after the checkpoint == all input
+    processed with no checkpoint."""
+    records = [(k, n * 1000 + i) for i, (k, n) in enumerate(records)]  # distinct, ordered values
+    at = min(at, len(records))
+
+    def run(aec: AsyncExecutionController, fn: Any, rs: list[tuple[str, int]]) -> None:
+        for r in rs:
+            aec.process(r[0], fn, r)
+
+    b = KeyedStateBackend(max_parallelism=MAX_PAR)
+    aec = AsyncExecutionController(b, batch_size=batch, buffer_timeout_ms=0)
+    fn = handler(b)
+    run(aec, fn, records[:at])
+    storage = CheckpointStorage(tmp_path_factory.mktemp("ck"))
+    storage.save(b, controller=aec)
+    run(aec, fn, records[at:])
+    aec.drain()
+
+    r = KeyedStateBackend(max_parallelism=MAX_PAR)
+    raec = AsyncExecutionController(r, batch_size=batch, buffer_timeout_ms=0)
+    rfn = handler(r)
+    pending = storage.restore(r)
+    run(raec, rfn, [rec for _, rec in pending])
+    run(raec, rfn, records[at:])
+    raec.drain()
+
+    d = KeyedStateBackend(max_parallelism=MAX_PAR)
+    daec = AsyncExecutionController(d, batch_size=batch, buffer_timeout_ms=0)
+    run(daec, handler(d), records)
+    daec.drain()
+    assert contents(r) == contents(d) == contents(b)
