@@ -288,3 +288,37 @@ def test_serializer_returning_text_is_refused(tmp_path: Any) -> None:
     with pytest.raises(TypeError, match="returned str, not bytes"):
         storage.save(b)
     assert storage.checkpoints() == []
+
+
+def test_full_snapshot_cleanup_leaves_expired_rows_out(tmp_path: Any) -> None:
+    """With ``cleanup_full_snapshot`` a checkpoint holds what the snapshot's
+    entries hold: rows expired at the snapshot's time are left out (numbers and
+    objects, value-like and map states)."""
+    from datetime import timedelta
+
+    from cowmap.state import MapStateDescriptor, StateTtlConfig, ValueStateDescriptor
+
+    cfg = StateTtlConfig.new_builder(timedelta(milliseconds=100)).cleanup_full_snapshot().build()
+    descs = [ValueStateDescriptor("ints"), ValueStateDescriptor("objs"), MapStateDescriptor("map")]
+    for d in descs:
+        d.enable_time_to_live(cfg)
+    clock = Clock()
+    b = KeyedStateBackend(max_parallelism=4, time_provider=clock)
+    ints, objs, m = b.get_state(descs[0]), b.get_state(descs[1]), b.get_map_state(descs[2])
+    for k in range(40):
+        clock.now = 0 if k % 2 else 60  # odd keys expire at 100, even ones at 160
+        b.set_current_key(k)
+        ints.update(k)
+        objs.update([k])
+        m.put(k, "v")
+    clock.now = 120
+    expected = contents(b)
+    assert expected and all(len(rows) == 20 for rows in expected.values())
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    r = KeyedStateBackend(max_parallelism=4, time_provider=clock)
+    for d in descs[:2]:
+        r.get_state(d)
+    r.get_map_state(descs[2])
+    storage.restore(r)
+    assert contents(r) == expected

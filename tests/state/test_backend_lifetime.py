@@ -10,10 +10,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from state_model import SumCount
 
 from cowmap.asyncstate import AsyncExecutionController
 from cowmap.state import (
-    AggregateFunction,
     AggregatingStateDescriptor,
     KeyedStateBackend,
     ListStateDescriptor,
@@ -28,25 +28,11 @@ class Marker:
     """A value whose death is observable (a weak reference to it)."""
 
 
-class Sum(AggregateFunction):
-    def create_accumulator(self) -> int:
-        return 0
-
-    def add(self, value: int, accumulator: int) -> int:
-        return accumulator + value
-
-    def get_result(self, accumulator: int) -> int:
-        return accumulator
-
-    def merge(self, a: int, b: int) -> int:
-        return a + b
-
-
 def fill(ttl: str, with_controller: bool) -> tuple[weakref.ref, list[weakref.ref]]:
     b = KeyedStateBackend(max_parallelism=8)
     descs: list[Any] = [
         ValueStateDescriptor("v"), ListStateDescriptor("l"), MapStateDescriptor("m"),
-        ReducingStateDescriptor("r", lambda x, y: x + y), AggregatingStateDescriptor("a", Sum()),
+        ReducingStateDescriptor("r", lambda x, y: x + y), AggregatingStateDescriptor("a", SumCount()),
     ]
     if ttl:
         builder = StateTtlConfig.new_builder(timedelta(hours=1))

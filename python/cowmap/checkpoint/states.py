@@ -121,13 +121,7 @@ def _entry_columns(s: Any, kg: int) -> list[Any]:
     common namespace once), expired entries left out under full-snapshot cleanup."""
     keys, nss, values, ts = snapshot_columns(s.maps[kg], VOID_NAMESPACE)
     ns: Any = Const(VOID_NAMESPACE) if nss is None else nss
-    if s.cleanup_now is not None:
-        keep = ts > s.cleanup_now - s.ttl  # not expired: ts + ttl > now (saturating: ts <= MAX)
-        if not keep.all():
-            keys, values, ts = (_take(c, keep) for c in (keys, values, ts))
-            if not isinstance(ns, Const):
-                ns = _take(ns, keep)
-    return [keys, ns, values, ts]
+    return _unexpired(s, [keys, ns, values, ts])
 
 
 def _map_columns(s: Any, kg: int) -> list[Any]:
@@ -147,13 +141,18 @@ def _map_columns(s: Any, kg: int) -> list[Any]:
         keys, ns = [k for k, _ in pairs], [n for _, n in pairs]
     if isinstance(values, list):
         values = replace_all(values, NONE_VALUE, None)
-    if s.cleanup_now is not None:
-        keep = ts > s.cleanup_now - s.ttl
-        if not keep.all():
-            keys, ukeys, values, ts = (_take(c, keep) for c in (keys, ukeys, values, ts))
-            if not isinstance(ns, Const):
-                ns = _take(ns, keep)
-    return [keys, ns, ukeys, values, ts]
+    return _unexpired(s, [keys, ns, ukeys, values, ts])
+
+
+def _unexpired(s: Any, columns: list[Any]) -> list[Any]:
+    """``columns`` (timestamps last) without the rows expired at the snapshot,
+    when the state cleans up on full snapshots; as they are otherwise."""
+    if s.cleanup_now is None:
+        return columns
+    keep = columns[-1] > s.cleanup_now - s.ttl  # not expired: ts + ttl > now (saturating: ts <= MAX)
+    if keep.all():
+        return columns
+    return [c if isinstance(c, Const) else _take(c, keep) for c in columns]
 
 
 def _take(col: Any, keep: np.ndarray) -> Any:
