@@ -148,6 +148,7 @@ cdef extern from "flatmap.h":
     ctypedef struct fm_snap:
         uint32_t version
         uint32_t size
+        uint32_t nsegs
 
     int fm_init(fm_map *m, uint32_t max_shift) except -1
     void fm_dealloc(fm_map *m)
@@ -171,6 +172,24 @@ cdef extern from "flatmap.h":
     fm_pos *fm_snap_order(const fm_snap *s, size_t *n) except NULL
     const cm_entry *fm_snap_at(const fm_snap *s, const fm_pos *p)
     uint32_t FM_MAX_SHIFT_DEFAULT
+
+    ctypedef struct cm_gonelog:
+        size_t n
+        int lost
+    ctypedef struct cm_ptrvec:
+        void **a
+        size_t n
+    ctypedef struct cm_changes:
+        uint64_t *bits
+        cm_gonelog gone
+    int cm_cut(cm_map *m, cm_changes *out) except -1
+    void cm_changes_free(cm_changes *c)
+    int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_changes *c, cm_ptrvec *out) except -1
+    int fm_cut(fm_map *m, const fm_snap *snap, uint64_t **out, cm_gonelog *gone) except -1
+    int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptrvec *out) except -1
+    void cm_gone_free(cm_gonelog *g)
+    int cm_gone_numbers(const cm_gonelog *g, const PyObject *ns0, int64_t *keys)
+    void cm_gone_ptrs(const cm_gonelog *g, const cm_entry **out)
 
     size_t cm_export_entries(const cm_map *m, const cm_snap *s, const cm_entry **ents, uint64_t *seen, size_t cap)
     int cm_export_numbers(const cm_entry *const *ents, size_t n, const PyObject *ns0, int64_t *keys,

@@ -9,7 +9,7 @@ cimport cython
 from cpython.object cimport PyObject
 from cpython.ref cimport Py_INCREF, Py_XDECREF
 from libc.string cimport memset
-from cpython.mem cimport PyMem_RawFree
+from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree
 from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from cpython.number cimport PyIndex_Check, PyNumber_Index
 from posix.time cimport CLOCK_REALTIME, clock_gettime, timespec
@@ -421,12 +421,26 @@ cdef class CopyOnWriteStateMap:
         """
         return _MapIterator(self)
 
-    def snapshot(self):
-        """A consistent :class:`StateMapSnapshot` of this moment. O(capacity / 4096)."""
+    def snapshot(self, cut=False):
+        """A consistent :class:`StateMapSnapshot` of this moment. O(capacity / 4096).
+
+        With ``cut``, a checkpoint's cut too: the snapshot takes over what
+        changed since the previous cut (``snapshot_changes`` reads it; its
+        ``changes`` says whether the map was tracking), and the map
+        tracks changes from now on (every later write, removal and read of a
+        mutable state marks its hash class: a store per operation, and a
+        bit per bucket of memory). O(capacity / 64) more."""
         cdef StateMapSnapshot s = StateMapSnapshot.__new__(StateMapSnapshot)
         cm_snapshot(&self.m, &s.s)
         s._map = self
         s._released = False
+        if cut:
+            try:
+                cm_cut(&self.m, &s.ch)
+            except BaseException:
+                s.release()
+                raise
+            s._cut = True
         return s
 
     def incremental_visitor(self, max_empty_buckets=128):
@@ -505,6 +519,8 @@ cdef class StateMapSnapshot:
     cdef CopyOnWriteStateMap _map
     cdef cm_snap s
     cdef bint _released
+    cdef bint _cut        # taken with cut=True: ch holds the changes since the previous cut
+    cdef cm_changes ch
 
     def __cinit__(self):
         self._released = True
@@ -513,6 +529,15 @@ cdef class StateMapSnapshot:
         if not self._released and self._map is not None:
             self._released = True
             cm_release(&self._map.m, &self.s)
+        cm_changes_free(&self.ch)
+
+    @property
+    def changes(self):
+        """For a cut's snapshot, what is known of the changes since the
+        previous cut: ``"known"`` (all of them: ``snapshot_changes`` reads
+        them), ``"untracked"`` (the map was not tracking: made since, or no
+        cut before) or ``"lost"`` (out of memory while logging); else None."""
+        return _changes_status(self._cut, self.ch.bits != NULL, self.ch.gone.lost)
 
     cdef int _check(self) except -1:
         if self._released:
@@ -545,6 +570,7 @@ cdef class StateMapSnapshot:
         if not self._released:
             self._released = True
             cm_release(&self._map.m, &self.s)
+        cm_changes_free(&self.ch)
 
     def __enter__(self):
         self._check()

@@ -1,7 +1,8 @@
-# A snapshot read out whole as columns (cm_export.h): what a checkpoint writes.
-# Included by _core.pyx.
+# A snapshot read out as columns: whole (cm_export.h), what a full checkpoint
+# writes, or what changed since the previous cut (cm_changes.h), what an
+# incremental one writes. Included by _core.pyx.
 
-from cpython.mem cimport PyMem_RawCalloc, PyMem_RawFree, PyMem_RawMalloc
+from cpython.mem cimport PyMem_RawMalloc
 
 
 def snapshot_columns(snap, namespace):
@@ -41,7 +42,6 @@ def snapshot_columns(snap, namespace):
     ts = np.empty(n, dtype=np.int64)
     if n == 0:
         return keys, None, states, ts
-    cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv = ts
     cdef const cm_entry **ents = <const cm_entry **>PyMem_RawMalloc(n * sizeof(void *))
     cdef uint64_t *seen = NULL
     if ents == NULL:
@@ -59,22 +59,97 @@ def snapshot_columns(snap, namespace):
                     ents[k] = fm_snap_at(&fs.s, &order[k])
         if got != n:
             raise RuntimeError(f"snapshot of {n} entries yielded {got}")
-        f = cm_export_numbers(ents, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], &tv[0])
-        key_col = keys if f & CM_X_KEYS_INT else cm_export_list(ents, n, 0)
-        if f & CM_X_NS_SAME:
-            ns_col = None
-        elif f & CM_X_NS_INT:
-            ns_col = nss
-        else:
-            ns_col = cm_export_list(ents, n, 1)
-        if f & CM_X_STATES_INT:
-            state_col = states
-        elif f & CM_X_STATES_FLOAT:
-            state_col = states.view(np.float64)
-        else:
-            state_col = cm_export_list(ents, n, 2)
+        return _entry_columns(ents, n, namespace, keys, nss, states, ts)
     finally:
         PyMem_RawFree(ents)
         PyMem_RawFree(seen)
         PyMem_RawFree(order)
+
+
+cdef tuple _entry_columns(const cm_entry **ents, size_t n, namespace, keys, nss, states, ts):
+    """The columns of snapshot_columns from n entries (the arrays of n rows given)."""
+    import numpy as np
+    if n == 0:
+        return keys, None, states, ts
+    cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv = ts
+    f = cm_export_numbers(ents, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], &tv[0])
+    key_col = keys if f & CM_X_KEYS_INT else cm_export_list(ents, n, 0)
+    if f & CM_X_NS_SAME:
+        ns_col = None
+    elif f & CM_X_NS_INT:
+        ns_col = nss
+    else:
+        ns_col = cm_export_list(ents, n, 1)
+    if f & CM_X_STATES_INT:
+        state_col = states
+    elif f & CM_X_STATES_FLOAT:
+        state_col = states.view(np.float64)
+    else:
+        state_col = cm_export_list(ents, n, 2)
     return key_col, ns_col, state_col, ts
+
+
+cdef str _changes_status(bint cut, bint tracked, bint lost):
+    if not cut:
+        return None
+    return "untracked" if not tracked else "lost" if lost else "known"
+
+
+def snapshot_changes(snap, namespace):
+    """What changed in a map between the previous checkpoint cut and ``snap``
+    (a snapshot taken with ``cut=True`` whose ``changes`` are ``"known"``): ``(keys,
+    namespaces, states, timestamps, removed_keys, removed_namespaces)``.
+
+    The first four are the columns of ``snapshot_columns`` for every entry of
+    ``snap`` written since the previous cut (and a few unchanged neighbours:
+    entries are found by hash class, or home slot); the removed ones are the
+    keys and namespaces removed since then (an int64 array or a list, and None
+    when every namespace is ``namespace``), some maybe written again since.
+    O(changes), not O(entries). ``ValueError`` when the changes are not known.
+    """
+    import numpy as np
+    cdef StateMapSnapshot cs = None
+    cdef FlatMapSnapshot fs = None
+    cdef cm_ptrvec v
+    cdef const cm_gonelog *gone
+    cdef const cm_entry **gp = NULL
+    cdef int64_t[::1] gk
+    if type(snap) is StateMapSnapshot:
+        cs = <StateMapSnapshot>snap
+        cs._check()
+        gone = &cs.ch.gone
+    elif type(snap) is FlatMapSnapshot:
+        fs = <FlatMapSnapshot>snap
+        fs._check()
+        gone = &fs.gone
+    else:
+        raise TypeError(f"expected a StateMapSnapshot or FlatMapSnapshot, not {type(snap).__name__}")
+    if snap.changes != "known":
+        raise ValueError(f"the snapshot's changes are not known ({snap.changes or 'not taken with cut=True'})")
+    memset(&v, 0, sizeof(v))
+    try:
+        if cs is not None:
+            cm_changed_entries(&cs._map.m, &cs.s, &cs.ch, &v)
+        else:
+            fm_changed_entries(&fs.s, fs.bits, &v)
+        n = v.n
+        upserts = _entry_columns(<const cm_entry **>v.a, n, namespace, np.empty(n, dtype=np.int64),
+                                 np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
+                                 np.empty(n, dtype=np.int64))
+        gkeys = np.empty(gone.n, dtype=np.int64)
+        if gone.n == 0:
+            return upserts + (gkeys, None)
+        gk = gkeys
+        f = cm_gone_numbers(gone, <PyObject *>namespace, &gk[0])
+        if f == CM_X_KEYS_INT | CM_X_NS_SAME:
+            return upserts + (gkeys, None)
+        gp = <const cm_entry **>PyMem_RawMalloc(gone.n * sizeof(void *))
+        if gp == NULL:
+            raise MemoryError()
+        cm_gone_ptrs(gone, gp)
+        key_col = gkeys if f & CM_X_KEYS_INT else cm_export_list(gp, gone.n, 0)
+        ns_col = None if f & CM_X_NS_SAME else cm_export_list(gp, gone.n, 1)
+        return upserts + (key_col, ns_col)
+    finally:
+        PyMem_RawFree(v.a)
+        PyMem_RawFree(gp)

@@ -141,12 +141,25 @@ cdef class FlatStateMap:
         _sweep_args(max_entries, removed, &n, &sink)
         return fm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n, sink)
 
-    def snapshot(self):
-        """A :class:`FlatMapSnapshot` of the map as it is now."""
+    def snapshot(self, cut=False):
+        """A :class:`FlatMapSnapshot` of the map as it is now; with ``cut``, a
+        checkpoint's cut too (as :meth:`CopyOnWriteStateMap.snapshot` says;
+        here the changes are marked per home slot of each segment)."""
         cdef FlatMapSnapshot s = FlatMapSnapshot.__new__(FlatMapSnapshot)
         fm_snapshot(&self.m, &s.s)
         s._map = self
         s._released = False
+        if cut:
+            try:
+                s.bits = <uint64_t **>PyMem_RawCalloc(s.s.nsegs, sizeof(uint64_t *))
+                if s.bits == NULL:
+                    raise MemoryError()
+                s.nbits = s.s.nsegs
+                s._tracked = fm_cut(&self.m, &s.s, s.bits, &s.gone) == 1
+            except BaseException:
+                s.release()
+                raise
+            s._cut = True
         return s
 
     def __iter__(self):
@@ -166,6 +179,10 @@ cdef class FlatMapSnapshot:
     cdef FlatStateMap _map
     cdef fm_snap s
     cdef bint _released
+    cdef bint _cut, _tracked  # as StateMapSnapshot's: bits[j] are segs[j]'s dirty bits
+    cdef uint64_t **bits
+    cdef uint32_t nbits
+    cdef cm_gonelog gone
 
     def __cinit__(self):
         self._released = True
@@ -174,6 +191,21 @@ cdef class FlatMapSnapshot:
         if not self._released and self._map is not None:
             self._released = True
             fm_release(&self._map.m, &self.s)
+        self._free_changes()
+
+    cdef void _free_changes(self):
+        cdef uint32_t j
+        if self.bits != NULL:
+            for j in range(self.nbits):
+                PyMem_RawFree(self.bits[j])
+            PyMem_RawFree(self.bits)
+            self.bits = NULL
+        cm_gone_free(&self.gone)
+
+    @property
+    def changes(self):
+        """As :attr:`StateMapSnapshot.changes`."""
+        return _changes_status(self._cut, self._tracked, self.gone.lost)
 
     cdef int _check(self) except -1:
         if self._released:
@@ -212,6 +244,7 @@ cdef class FlatMapSnapshot:
         if not self._released:
             self._released = True
             fm_release(&self._map.m, &self.s)
+        self._free_changes()
 
     def __enter__(self):
         self._check()

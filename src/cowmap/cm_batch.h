@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 4 of 9: many keys in one call.
+ * cowmap core, part 4 of 10: many keys in one call.
  *
  * The prefetch hints for batches spread over many maps (multi_get, multi_put
  * and multi_replace in _core.pyx), and the batch ops of one map (get_many,
@@ -363,6 +363,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
              * put back): no reference changes hands, neither object is touched */
             hit->sv = m->version;
             hit->ts = bt->ts;
+            cm_changed(m, h);
             continue;
         }
         Py_INCREF(ns_state);
@@ -377,7 +378,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
             uint32_t w = cm_chain_cow(m, &m->primary, h & cmask, e, &own);
             if (!w) { if (own) cm_grave(m, own); return -1; }
             hit = cm_E(m, w);
-            if (!own) { hit->ts = bt->ts; continue; }
+            if (!own) { hit->ts = bt->ts; cm_changed(m, h); continue; }
         }
         if (hit->state != ns_state) {
             PyObject *old = hit->state;
@@ -391,6 +392,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
         }
         hit->sv = m->version;
         hit->ts = bt->ts;
+        cm_changed(m, h);
         if (m->rehash.capacity) return j + 1; /* the insert started a rehash */
     }
     return n;
@@ -457,6 +459,7 @@ static Py_ssize_t cm_batch_read_run(cm_map *m, const cm_keys *ks, const cm_batch
             if (eq < 0) return -1;
             if (eq) { hit = x; break; }
         }
+        if (get && hit && m->dirty && cm_mutable_state(hit->state)) cm_changed(m, hit->hash);
         if (get) PyList_SET_ITEM(bt->out_list, j, hit ? hit->state : Py_None);
         else bt->out_flags[j] = hit != NULL;
     }

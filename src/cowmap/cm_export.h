@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 9 of 9: a snapshot read out whole, as columns.
+ * cowmap core, part 9 of 10: a snapshot read out whole, as columns.
  *
  * A checkpoint writes every entry of a snapshot. Walking the buckets (the
  * snapshot iterator) visits entries in hash order: a cache miss for the entry

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 1 of 9: the memory layout, and the helpers every other
+ * cowmap core, part 1 of 10: the memory layout, and the helpers every other
  * part uses.
  *
  * The sizes (bucket pages, entry chunks, rehash and reclaim steps), the
@@ -113,6 +113,16 @@ typedef struct {
     cm_ptrvec pages;
 } cm_rqbatch;
 
+/* What left a map since the last checkpoint cut (incremental checkpoints):
+ * each removed entry's hash, key and namespace, their references held (state
+ * NULL). `lost`: a removal could not be logged (out of memory), so the
+ * changes are incomplete and the next checkpoint must be a full one. */
+typedef struct {
+    cm_entry *a;
+    size_t n, cap;
+    int lost;
+} cm_gonelog;
+
 /* Items reclaimed at release itself, and per later operation: a release never
  * pays for more than this at once, however much the snapshot kept alive. */
 #define CM_RECLAIM_EAGER 4096u
@@ -151,6 +161,11 @@ typedef struct {
     unsigned long owner;  /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
     cm_cursor sweep;
+    /* Changes since the last checkpoint cut (cm_changes.h), NULL = not tracked:
+     * a bit per hash class (hash & dmask) written or removed since the cut */
+    uint64_t *dirty;
+    uint32_t dmask;
+    cm_gonelog gone;
 } cm_map;
 
 typedef struct {
@@ -332,5 +347,57 @@ static void cm_grave_empty(cm_ptrvec *grave) {
 }
 
 static inline void cm_grave(cm_map *m, PyObject *o) { cm_bury(&m->grave, o); }
+
+/* ------------------------------------------------- changes since a cut */
+
+static inline void cm_bit_set(uint64_t *bits, uint32_t i) { bits[i >> 6] |= (uint64_t)1 << (i & 63u); }
+
+/* An entry of hash h was (or is about to be) written: its class is changed. */
+static inline void cm_changed(cm_map *m, uint32_t h) {
+    if (m->dirty) cm_bit_set(m->dirty, h & m->dmask);
+}
+
+/* Whether a state handed to a reader may be changed in place by it (anything
+ * but the immutable built-ins): such a read counts as a write for the changes
+ * since a cut, as the caller may mutate the object without writing it back. */
+static inline int cm_mutable_state(PyObject *o) {
+    return !(o == Py_None || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) ||
+             PyBytes_CheckExact(o) || PyTuple_CheckExact(o) || PyBool_Check(o));
+}
+
+/* Logs removed entry e (its key and namespace, referenced anew). */
+static void cm_gone_add(cm_gonelog *g, const cm_entry *e) {
+    if (g->n == g->cap) {
+        cm_entry *na = (cm_entry *)cm_vec_grow(g->a, &g->cap, sizeof(cm_entry));
+        if (!na) { g->lost = 1; return; }
+        g->a = na;
+    }
+    cm_entry *d = &g->a[g->n++];
+    memset(d, 0, sizeof *d);
+    d->hash = e->hash;
+    d->key = e->key;
+    d->ns = e->ns;
+    if (!cm_intkey(e)) Py_INCREF(e->key.obj);
+    Py_INCREF(e->ns);
+}
+
+/* Drops a log's references (the log itself stays allocated, empty). The
+ * objects may run code when freed: call with the map consistent. */
+static void cm_gone_clear(cm_gonelog *g) {
+    size_t n = g->n;
+    g->n = 0;
+    g->lost = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!cm_intkey(&g->a[i])) Py_DECREF(g->a[i].key.obj);
+        Py_DECREF(g->a[i].ns);
+    }
+}
+
+static void cm_gone_free(cm_gonelog *g) {
+    cm_gone_clear(g);
+    PyMem_RawFree(g->a);
+    g->a = NULL;
+    g->cap = 0;
+}
 
 #endif /* COWMAP_CM_LAYOUT_H */

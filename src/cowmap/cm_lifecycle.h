@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 7 of 9: a map's start and end, and its size in memory.
+ * cowmap core, part 7 of 10: a map's start and end, and its size in memory.
  *
  * cm_init (as Flink's constructor: the capacity rounded up to a power of two
  * within [4, 2**30]), cm_dealloc (entries, pages, retire lists and chunks
@@ -73,6 +73,9 @@ static void cm_dealloc(cm_map *m) {
     cm_grave_empty(&m->grave);
     PyMem_RawFree(m->grave.a);
     m->grave.a = NULL;
+    PyMem_RawFree(m->dirty);
+    m->dirty = NULL;
+    cm_gone_free(&m->gone);
     Py_CLEAR(m->copier);
 }
 

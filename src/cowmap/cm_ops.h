@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 3 of 9: the single-key operations, to be read side by
+ * cowmap core, part 3 of 10: the single-key operations, to be read side by
  * side with Flink's CopyOnWriteStateMap.
  *
  * Probes (a key and namespace hashed, cm_match), the busy flag (cm_enter and
@@ -187,6 +187,7 @@ static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
     }
     PyObject *keyobj = p->key;
     m->mod_count++;
+    cm_changed(m, p->hash);
     if (m->size > m->threshold && !m->rehash.capacity && cm_double_capacity(m) < 0) return 0;
     uint32_t i = cm_entry_alloc(m);
     if (!i) return 0;
@@ -225,7 +226,8 @@ static inline uint32_t cm_writable(cm_map *m, const cm_probe *p, const cm_loc *l
 /* Unlink entry idx (found with predecessor prev) from bucket b of t and retire it
  * (the unlinking half of Flink's removeEntry). */
 static int cm_unlink(cm_map *m, cm_table *t, uint32_t b, uint32_t idx, uint32_t prev) {
-    uint32_t next = cm_E(m, idx)->next;
+    const cm_entry *gone = cm_E(m, idx);
+    uint32_t next = gone->next;
     if (!prev) {
         uint32_t *slot = cm_slot_w(m, t, b);
         if (!slot) return -1;
@@ -233,6 +235,10 @@ static int cm_unlink(cm_map *m, cm_table *t, uint32_t b, uint32_t idx, uint32_t 
     } else {
         if (cm_ev(cm_E(m, prev)) < m->required && !(prev = cm_chain_cow(m, t, b, prev, NULL))) return -1;
         cm_E(m, prev)->next = next;
+    }
+    if (m->dirty) {
+        cm_changed(m, gone->hash);
+        cm_gone_add(&m->gone, gone);
     }
     m->size--;
     m->mod_count++;
@@ -247,6 +253,7 @@ static inline int cm_state_shared(const cm_map *m, const cm_entry *e) {
  * shared with a snapshot and a copier is set (Flink's get). */
 static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) {
     cm_entry *e = cm_E(m, loc->idx);
+    if (m->dirty && cm_mutable_state(e->state)) cm_changed(m, e->hash);
     if (m->copier && e->state != Py_None && cm_state_shared(m, e)) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
@@ -272,6 +279,7 @@ static PyObject *cm_old_state(cm_map *m, const cm_entry *e) {
 static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t ts) {
     cm_entry *e = cm_E(m, w);
     PyObject *old = e->state;
+    cm_changed(m, e->hash);
     e->state = state;
     e->sv = m->version;
     e->ts = ts;
@@ -338,7 +346,7 @@ static int cm_set_timestamp(cm_map *m, PyObject *key, PyObject *ns, int64_t ts) 
         if (!loc.found) r = 0;
         else {
             uint32_t w = cm_writable(m, &p, &loc);
-            if (w) { cm_E(m, w)->ts = ts; r = 1; }
+            if (w) { cm_E(m, w)->ts = ts; cm_changed(m, p.hash); r = 1; }
         }
     }
     cm_leave(m);

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 5 of 9: snapshots (Flink's stateSnapshot and
+ * cowmap core, part 5 of 10: snapshots (Flink's stateSnapshot and
  * releaseSnapshot).
  *
  * Taking one (cm_snapshot copies the page-pointer arrays and moves the map

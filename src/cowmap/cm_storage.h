@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 2 of 9: where entries and slots live, and how they move.
+ * cowmap core, part 2 of 10: where entries and slots live, and how they move.
  *
  * Bucket tables and their pages (cm_table_init: Flink's makeTable), entry
  * allocation and the free stack, the two copy-on-write steps a write makes

@@ -1,5 +1,5 @@
 /*
- * cowmap core, part 6 of 9: walking the live map, and TTL.
+ * cowmap core, part 6 of 10: walking the live map, and TTL.
  *
  * Iteration of the live map by logical bucket (cm_collect_logical), the
  * incremental visitor (Flink's StateIncrementalVisitor: cm_visit_next hands
@@ -192,7 +192,7 @@ static PyObject *cm_read_touch(cm_map *m, const cm_probe *p, cm_loc *loc, int64_
             if (l2.found) w = cm_writable(m, p, &l2);
             else PyErr_SetString(PyExc_RuntimeError, "entry vanished during a read");
         }
-        if (w) cm_E(m, w)->ts = ts;
+        if (w) { cm_E(m, w)->ts = ts; cm_changed(m, p->hash); }
         else Py_CLEAR(r);
     }
     return r;

@@ -50,6 +50,9 @@
  *                   one pass (the columnar state calls)
  *   cm_export.h     a snapshot read out whole in storage order, as columns
  *                   (checkpoints)
+ *   cm_changes.h    what changed since a checkpoint's cut: the entries of the
+ *                   marked hash classes and the removed keys (incremental
+ *                   checkpoints)
  */
 #ifndef COWMAP_CORE_H
 #define COWMAP_CORE_H
@@ -63,5 +66,6 @@
 #include "cm_lifecycle.h"
 #include "cm_columns.h"
 #include "cm_export.h"
+#include "cm_changes.h"
 
 #endif /* COWMAP_CORE_H */

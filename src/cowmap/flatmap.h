@@ -65,6 +65,8 @@ typedef struct {
     uint32_t *pver;    /* per page: map version of its last write */
     fm_copy **copies;  /* per page: saved contents, newest first; NULL until a save */
     cm_entry *e;       /* a slot is empty when its state is NULL */
+    uint64_t *dirty;   /* while the map tracks changes: a bit per home slot written or
+                        * removed since the last checkpoint cut (fm_changed) */
 } fm_seg;
 
 /* A directory slot: what a lookup needs of its segment in 8 bytes, its entry
@@ -92,6 +94,8 @@ typedef struct {
     unsigned long owner; /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;
     uint32_t sweep_dir, sweep_slot; /* incremental sweep position */
+    int tracking;      /* changes since a checkpoint cut are recorded (segments' dirty bits) */
+    cm_gonelog gone;   /* entries removed since the cut */
 } fm_map;
 
 typedef struct {
@@ -137,6 +141,7 @@ static void fm_entry_incref(const cm_entry *e) {
 /* ------------------------------------------------------------- segments */
 
 static void fm_seg_free_empty(fm_seg *s) {
+    PyMem_RawFree(s->dirty);
     PyMem_RawFree(s->pver);
     cm_ha_free(s->e, (size_t)fm_cap(s) * sizeof(cm_entry));
     PyMem_RawFree(s);
@@ -188,11 +193,48 @@ static void fm_seg_free(fm_map *m, fm_seg *s, int owned) {
     }
     cm_ha_free_ex(s->e, (size_t)cap * sizeof(cm_entry), 0);
     PyMem_RawFree(s->pver);
+    PyMem_RawFree(s->dirty);
     PyMem_RawFree(s);
 }
 
 static void fm_seg_decref(fm_map *m, fm_seg *s) {
     if (--s->refs == 0) fm_seg_free(m, s, 1);
+}
+
+/* ------------------------------------------------- changes since a cut */
+
+static inline size_t fm_dirty_words(const fm_seg *s) { return (fm_cap(s) + 63u) >> 6; }
+
+/* An entry of hash h was (or is about to be) written or removed. A segment
+ * without its bits while tracking (out of memory when it was made) loses the
+ * changes: the next checkpoint is then a full one. */
+static inline void fm_changed(fm_map *m, uint32_t h) {
+    if (!m->tracking) return;
+    fm_seg *s = fm_seg_for(m, h & CM_HMASK);
+    if (s->dirty) cm_bit_set(s->dirty, h & (fm_cap(s) - 1u));
+    else m->gone.lost = 1;
+}
+
+/* Fresh (zeroed) dirty bits for segment s; -1 out of memory (no error set). */
+static int fm_seg_track(fm_seg *s) {
+    uint64_t *b = PyMem_RawCalloc(fm_dirty_words(s), sizeof(uint64_t));
+    if (!b) return -1;
+    PyMem_RawFree(s->dirty);
+    s->dirty = b;
+    return 0;
+}
+
+/* The dirty bits of s carried to x, which takes some of s's entries (a
+ * segment of at least s's size: a home slot h of s is h + j * cap(s) in x). */
+static void fm_dirty_carry(fm_map *m, const fm_seg *s, fm_seg *x) {
+    if (!m->tracking || !x) return;
+    if (!s->dirty || (!x->dirty && fm_seg_track(x) < 0)) { m->gone.lost = 1; return; }
+    uint32_t cs = fm_cap(s), cx = fm_cap(x);
+    for (size_t w = 0; w < fm_dirty_words(s); w++)
+        for (uint64_t bits = s->dirty[w]; bits; bits &= bits - 1u) {
+            uint32_t h = (uint32_t)(w << 6) | (uint32_t)__builtin_ctzll(bits);
+            for (uint32_t j = h; j < cx; j += cs) cm_bit_set(x->dirty, j);
+        }
 }
 
 /* Before slot i of s changes: saves its page for the live snapshots that still
@@ -288,6 +330,8 @@ static void fm_dealloc(fm_map *m) {
     PyMem_RawFree(m->snaps.a);
     m->snaps.a = NULL;
     fm_leave(m);
+    m->tracking = 0;
+    cm_gone_free(&m->gone);
     PyMem_RawFree(m->grave.a);
     m->grave.a = NULL;
 }
@@ -340,6 +384,10 @@ static int fm_replace_seg(fm_map *m, fm_seg *s, fm_seg *a, fm_seg *b) {
     uint32_t cap = fm_cap(s);
     int shared = s->refs > 1;
     uint32_t bit = b ? FM_HASH_BITS - 1u - s->depth : 0;
+    fm_dirty_carry(m, s, a);
+    fm_dirty_carry(m, s, b);
+    PyMem_RawFree(s->dirty); /* a snapshot holding s never reads them */
+    s->dirty = NULL;
     for (uint32_t i = 0; i < cap; i++) {
         const cm_entry *e = &s->e[i];
         if (!fm_used(e)) continue;
@@ -404,6 +452,10 @@ static inline int fm_over(const fm_seg *s) { return (uint64_t)s->count * 4u > (u
  * of its probe run back. The entry's references go to the grave first. */
 static int fm_delete_at(fm_map *m, fm_seg *s, uint32_t i) {
     uint32_t mask = fm_cap(s) - 1u;
+    if (m->tracking) {
+        fm_changed(m, s->e[i].hash);
+        cm_gone_add(&m->gone, &s->e[i]);
+    }
     cm_bury_entry(&m->grave, &s->e[i]);
     uint32_t j = i;
     for (uint32_t k = (j + 1u) & mask; fm_used(&s->e[k]); k = (k + 1u) & mask) {
@@ -441,6 +493,7 @@ static inline cm_entry *fm_entry_at(const fm_map *m, uint32_t k, uint32_t i) { r
  * is set. New ref. */
 static PyObject *fm_read_state(fm_map *m, uint32_t k, uint32_t i) {
     cm_entry *e = fm_entry_at(m, k, i);
+    if (m->tracking && cm_mutable_state(e->state)) fm_changed(m, e->hash);
     if (fm_state_shared(m, e)) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
@@ -472,6 +525,7 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
     uint32_t k = fm_dir_index(m, p.hash), i;
     int r = fm_find(m->dir[k], &p, &i);
     if (r >= 0 && fm_touch_at(m, k, i) < 0) r = -1;
+    if (r >= 0) fm_changed(m, p.hash);
     fm_seg *s = r == 0 ? m->segs[k] : NULL; /* a new entry: its segment's count */
     if (r == 1) {
         fm_set_state(m, fm_entry_at(m, k, i), state, ts);
@@ -547,7 +601,7 @@ static PyObject *fm_get_unexpired(fm_map *m, PyObject *key, PyObject *ns, int64_
         } else if (refresh && e->ts != now && fm_touch_at(m, k, i) < 0) {
             v = NULL;
         } else {
-            if (refresh) e->ts = now;
+            if (refresh && e->ts != now) { e->ts = now; fm_changed(m, e->hash); }
             v = fm_read_state(m, k, i);
         }
     }
@@ -610,7 +664,10 @@ static int fm_replace(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, i
     if (r < 0) return r;
     if (r == 1) {
         if (fm_touch_at(m, k, i) < 0) r = -1;
-        else fm_set_state(m, fm_entry_at(m, k, i), state, ts);
+        else {
+            fm_changed(m, fm_entry_at(m, k, i)->hash);
+            fm_set_state(m, fm_entry_at(m, k, i), state, ts);
+        }
     }
     fm_leave(m);
     return r;
@@ -789,6 +846,67 @@ static fm_pos *fm_snap_order(const fm_snap *snap, size_t *n) {
 /* The entry at position p of the snapshot, as the snapshot sees it. */
 static inline const cm_entry *fm_snap_at(const fm_snap *snap, const fm_pos *p) {
     return fm_snap_slot(snap->segs[p->j], p->i, snap->version);
+}
+
+/* ------------------------------------------------- changes since a cut */
+
+/* Hands the changes since the last cut over, for snapshot snap taken just
+ * before (its segments are the live ones): out[j] = the dirty bits of
+ * snap->segs[j] (NULL where the map was not tracking), *gone = the removed
+ * entries; every segment gets fresh bits and tracking goes on from now.
+ * Returns whether the map was tracking (0: the changes are unknown), or -1
+ * out of memory (MemoryError set, nothing changed). */
+static int fm_cut(fm_map *m, const fm_snap *snap, uint64_t **out, cm_gonelog *gone) {
+    for (uint32_t j = 0; j < snap->nsegs; j++) {
+        out[j] = PyMem_RawCalloc(fm_dirty_words(snap->segs[j]), sizeof(uint64_t));
+        if (!out[j]) {
+            while (j) PyMem_RawFree(out[--j]);
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (uint32_t j = 0; j < snap->nsegs; j++) {
+        fm_seg *s = snap->segs[j];
+        uint64_t *fresh = out[j];
+        out[j] = s->dirty;
+        s->dirty = fresh;
+    }
+    *gone = m->gone;
+    memset(&m->gone, 0, sizeof m->gone);
+    int was = m->tracking;
+    m->tracking = 1;
+    return was;
+}
+
+static int fm_seq_cmp(const void *a, const void *b) {
+    uint64_t x = fm_seq(*(const cm_entry *const *)a), y = fm_seq(*(const cm_entry *const *)b);
+    return (x > y) - (x < y);
+}
+
+/* The entries of snapshot snap whose home slots are marked in bits (from
+ * fm_cut), into out in insertion order (so a restore that appends the new
+ * ones keeps the map's order): each marked home's probe run is read up to its
+ * first empty slot. O(marked slots + their runs, and a sort); -1 out of memory. */
+static int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptrvec *out) {
+    for (uint32_t j = 0; j < snap->nsegs; j++) {
+        const fm_seg *s = snap->segs[j];
+        const uint64_t *b = bits[j];
+        if (!b) continue;
+        uint32_t mask = fm_cap(s) - 1u;
+        for (size_t w = 0; w < fm_dirty_words(s); w++) {
+            for (uint64_t word = b[w]; word; word &= word - 1u) {
+                uint32_t h = (uint32_t)(w << 6) | (uint32_t)__builtin_ctzll(word), i = h;
+                do {
+                    const cm_entry *e = fm_snap_slot(s, i, snap->version);
+                    if (!e || !fm_used(e)) break;
+                    if ((fm_hash(e) & mask) == h && cm_ptrvec_push(out, (void *)e) < 0) return -1;
+                    i = (i + 1u) & mask;
+                } while (i != h);
+            }
+        }
+    }
+    if (out->n > 1) qsort(out->a, out->n, sizeof(void *), fm_seq_cmp);
+    return 0;
 }
 
 #endif /* COWMAP_FLATMAP_H */

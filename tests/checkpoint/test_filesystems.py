@@ -40,7 +40,12 @@ def test_round_trip_on_the_mock_filesystem(ttl: bool) -> None:
     assert contents(r) == contents(b)
     assert storage.retain(1) == ids[:1]
     names = sorted(i.base_name for i in fs.get_file_info(pa_fs.FileSelector("bucket/job/ck")))
-    assert names == ["chk-0000000002.data", "chk-0000000002.manifest"]
+    # the second checkpoint is an increment (nothing changed) on the first one's data
+    assert storage.manifest(ids[1])["type"] == "incremental"
+    assert names == ["chk-0000000001.data", "chk-0000000002.data", "chk-0000000002.manifest"]
+    r = KeyedStateBackend(max_parallelism=8, time_provider=Clock())
+    storage.restore(r)
+    assert contents(r) == contents(b)
 
 
 def test_damage_on_the_mock_filesystem_is_caught() -> None:

@@ -8,6 +8,9 @@ is a fresh local one. Side by side in one run, medians of ``repeats``:
   the ValueState's keys and values (inserted in the same random order), to the same disk; and
   the save of a backend holding the ValueState alone (the dict's data, like for like);
 - restore into a fresh backend vs ``pickle.load`` of that file;
+- an incremental save after 1% of the ValueState's keys and 1% of the MapState's user
+  entries changed (new values; a tenth of those ValueState keys removed), against that
+  round's full save: bytes and time;
 - ``save_async``: records processed (ValueState read-modify-write per record) while the
   checkpoint is written, against the rate with no checkpoint, and the longest stall (the
   longest gap between two 1,000-record slices);
@@ -43,6 +46,8 @@ TARGETS = {
     "restore_rate": 2_000_000,
     "async_rate_ratio": 0.5,
     "async_max_stall_ms": 20.0,
+    "incremental_bytes_ratio": 0.03,
+    "incremental_time_ratio": 0.05,
 }
 
 
@@ -61,6 +66,24 @@ def build(entries: int, map_entries: int, seed: int = 7) -> tuple[KeyedStateBack
         for i in range(0, len(mk), 1_000_000):
             m.put_many(mk[i : i + 1_000_000], uk[i : i + 1_000_000], uk[i : i + 1_000_000] * 3)
     return b, keys, values
+
+
+def change_one_percent(b: KeyedStateBackend, keys: np.ndarray, map_entries: int, seed: int) -> np.ndarray:
+    """New values for 1% of the ValueState's keys (a tenth of them removed) and
+    for 1% of the MapState's user entries; returns the removed keys."""
+    rng = np.random.default_rng(seed)
+    v = b.get_state(ValueStateDescriptor("value"))
+    changed = rng.choice(keys, len(keys) // 100, replace=False)
+    v.update_many(changed, changed * 5)
+    removed = changed[: len(changed) // 10]
+    for k in removed.tolist():
+        b.set_current_key(k)
+        v.clear()
+    if map_entries:
+        m = b.get_map_state(MapStateDescriptor("map"))
+        rows = rng.choice(map_entries, map_entries // 100, replace=False)
+        m.put_many(rows // 10, rows % 10, -rows)
+    return removed
 
 
 def _timed(fn: Callable[[], Any]) -> float:
@@ -158,6 +181,7 @@ def run(entries: int = 10_000_000, map_entries: int = 1_000_000, repeats: int = 
         plain = dict(zip(keys.tolist(), values.tolist()))
         pk = os.path.join(root, "plain.pkl")
         saves, dumps, restores, loads, sizes, vsaves, vrestores = [], [], [], [], [], [], []
+        incs, inc_sizes = [], []
         for r in range(repeats):
             d = os.path.join(root, f"ck{r}")
             storage = CheckpointStorage(d)
@@ -186,10 +210,18 @@ def run(entries: int = 10_000_000, map_entries: int = 1_000_000, repeats: int = 
                     pickle.load(f)
 
             loads.append(_timed(load))
+            removed = change_one_percent(b, keys, map_entries, seed=r)
+            before = set(os.listdir(d))
+            incs.append(_timed(partial(storage.save, b)))
+            if storage.manifest(storage.checkpoints()[-1])["type"] != "incremental":
+                raise AssertionError("the save after a 1% change was not incremental")
+            b.get_state(ValueStateDescriptor("value")).update_many(removed, removed)  # every key again
+            inc_sizes.append(sum(os.path.getsize(os.path.join(d, f)) for f in set(os.listdir(d)) - before))
             shutil.rmtree(d)
             log(f"  round {r + 1}: save {saves[-1]:.2f}s, ValueState alone {vsaves[-1]:.2f}s (pickle.dump "
                 f"{dumps[-1]:.2f}s); restore {restores[-1]:.2f}s, ValueState alone {vrestores[-1]:.2f}s "
-                f"(pickle.load {loads[-1]:.2f}s)")
+                f"(pickle.load {loads[-1]:.2f}s); incremental after 1% changed {incs[-1] * 1000:.0f} ms, "
+                f"{inc_sizes[-1]:,} bytes")
         del plain, bv
         # whatever garbage the setup left goes now, not in a collection inside the timed loop
         gc.collect()
@@ -224,9 +256,15 @@ def run(entries: int = 10_000_000, map_entries: int = 1_000_000, repeats: int = 
             "base_rate": med(base_rates),
             "async_rate_ratio": med(async_rates) / med(base_rates),
             "async_max_stall_ms": max(stalls),
+            "incremental_s": med(incs),
+            "incremental_bytes": med(inc_sizes),
+            # per round, against that round's full save
+            "incremental_time_ratio": med(i / s for i, s in zip(incs, saves)),
+            "incremental_bytes_ratio": med(i / s for i, s in zip(inc_sizes, sizes)),
             "raw": {"save": saves, "dump": dumps, "restore": restores, "load": loads,
                     "value_save": vsaves, "value_restore": vrestores,
-                    "async": async_rates, "base": base_rates, "stalls": stalls},
+                    "async": async_rates, "base": base_rates, "stalls": stalls,
+                    "incremental": incs, "incremental_bytes": inc_sizes},
         }
         return res
     finally:
@@ -253,6 +291,11 @@ def report(res: dict[str, Any]) -> list[str]:
         f"{res['pickle_load_s'] / res['value_restore_s']:.2f}x pickle.load "
         f"({met(res['value_restore_s'] < res['pickle_load_s'])})",
         f"  size        {res['checkpoint_bytes']:,} bytes (pickle of the dict: {res['pickle_bytes']:,})",
+        f"  incremental after 1% changed: {res['incremental_s'] * 1000:.0f} ms, {res['incremental_bytes']:,} bytes "
+        f"= {res['incremental_time_ratio']:.1%} of the full save's time (target <= 5%: "
+        f"{met(res['incremental_time_ratio'] <= TARGETS['incremental_time_ratio'])}), "
+        f"{res['incremental_bytes_ratio']:.1%} of its bytes (target <= 3%: "
+        f"{met(res['incremental_bytes_ratio'] <= TARGETS['incremental_bytes_ratio'])})",
         f"  unaligned   start {res['unaligned']['unaligned_ms']:.1f} ms with {res['unaligned']['records']:,} records "
         f"behind one key (target <= 10 ms: {met(res['unaligned']['unaligned_ms'] <= 10)}); draining first "
         f"{res['unaligned']['drain_first_ms']:.1f} ms",

@@ -24,12 +24,16 @@ def inspect(storage: CheckpointStorage, cid: int | None) -> int:
         return 0
     for i in ids:
         m = storage.manifest(i)
-        print(f"checkpoint {i}: {m['type']}, {m['entries']:,} entries, max parallelism {m['max_parallelism']}")
+        chained = f" on checkpoint {m['parent']}" if m.get("parent") is not None else ""
+        print(
+            f"checkpoint {i}: {m['type']}{chained}, {m['entries']:,} rows, max parallelism {m['max_parallelism']}"
+        )
         for f in m["files"]:
             r = storage._store.open_data(f["name"], f["size"])
             states = r.header["states"]
-            rows = [0] * len(states)
-            size = [0] * len(states)
+            # an increment's tombstone sections follow the states' own indices
+            rows = [0] * (2 * len(states))
+            size = [0] * (2 * len(states))
             pending = 0
             for kg in r.blocks:
                 for s, n, nbytes in r.section_sizes(kg, r.block_bytes(kg)):
@@ -46,6 +50,7 @@ def inspect(storage: CheckpointStorage, cid: int | None) -> int:
                 print(
                     f"    {meta['name']!r:24} {meta['kind']:11} {ttl:16} {meta['serializer']:10}"
                     f" {rows[s]:>12,} rows {size[s]:>14,} bytes"
+                    + (f", {rows[s + len(states)]:,} removed" if r.header.get("type") == "incremental" else "")
                 )
             if pending:
                 print(f"    {pending:,} records waiting at the checkpoint (unaligned)")

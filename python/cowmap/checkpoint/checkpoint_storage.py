@@ -15,9 +15,12 @@ from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, DataFile
 from cowmap.checkpoint.pending import decode_pending, encode_pending
 from cowmap.checkpoint.states import (
     KEY_HASH,
+    TOMBSTONE_COLUMNS,
+    changes_lost,
     check_compatible,
     column_serializers,
     encode_block,
+    encode_changes,
     restore_blocks,
     state_headers,
 )
@@ -67,9 +70,17 @@ class CheckpointStorage:
     the writing of ``save_async`` runs on another thread.
     """
 
-    def __init__(self, uri: str | os.PathLike[str], *, filesystem: pafs.FileSystem | None = None) -> None:
+    def __init__(
+        self, uri: str | os.PathLike[str], *, filesystem: pafs.FileSystem | None = None, max_increments: int = 10
+    ) -> None:
+        if not isinstance(max_increments, int) or isinstance(max_increments, bool) or max_increments < 0:
+            raise ValueError(f"max_increments must be an int >= 0, got {max_increments!r}")
         self._store = Store(uri, filesystem)
         self.uri = os.fspath(uri)
+        #: increments chained to a full checkpoint before the next save is full again
+        self.max_increments = max_increments
+        # what backends remember their last checkpoint here by
+        self._key = f"{type(self._store.fs).__name__}:{self._store.path}"
 
     # ------------------------------------------------------------ listing
 
@@ -89,13 +100,21 @@ class CheckpointStorage:
     # ------------------------------------------------------------ saving
 
     def save(self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None) -> int:
-        """Write every state of ``backend`` as a new checkpoint; returns its id
+        """Write the states of ``backend`` as a new checkpoint; returns its id
         (greater than every id in the directory). Consistent at the call (a
-        copy-on-write snapshot). O(entries).
+        copy-on-write snapshot).
 
-        ``incremental`` is accepted for forward compatibility: incremental
-        checkpoints (only what changed since the last one) are not built yet,
-        so every save writes a full checkpoint.
+        ``incremental``: write only what changed since this backend's last
+        checkpoint in this storage (the entries written, and the keys removed
+        as tombstones), chained to it: O(changes), not O(entries). The
+        checkpoint is full (O(entries)) instead when there is no such
+        checkpoint committed (the first save, after a failed one, or after a
+        restore from elsewhere), when the chain already holds
+        ``max_increments`` increments or outweighs its full base, or when the
+        states' settings changed. A restore reads the base and the increments
+        in order. Changes are found by the writes: a value changed in place
+        counts only if it was read through the state (every read of a value
+        that is not an immutable built-in counts as a change).
 
         With ``controller`` (the backend's ``AsyncExecutionController``), an
         unaligned-style checkpoint: the records holding a key are finished, the
@@ -104,9 +123,9 @@ class CheckpointStorage:
         ``TypeError`` naming the key otherwise, before anything is written), and
         :meth:`restore` returns them. The waiting records then go on."""
         _check_backend(backend)
-        snap, pending = self._begin(backend, controller)
+        cid, snap, pending, parent = self._begin(backend, controller, incremental)
         try:
-            return self._write(snap, pending, self._store.reserve_id())
+            return self._write(backend, snap, pending, cid, parent)
         finally:
             snap.release()
 
@@ -118,73 +137,121 @@ class CheckpointStorage:
         ``backend``; the snapshot is released when the write ends. ``result()``
         of the handle gives the id or raises the write's error."""
         _check_backend(backend)
-        snap, pending = self._begin(backend, controller)
+        cid, snap, pending, parent = self._begin(backend, controller, incremental)
         future: Future[int] = Future()
-        try:
-            cid = self._store.reserve_id()
-        except BaseException:
-            snap.release()
-            raise
 
         def run() -> None:
             try:
-                future.set_result(self._write(snap, pending, cid))
+                future.set_result(self._write(backend, snap, pending, cid, parent))
             except BaseException as e:  # noqa: BLE001 - handed to the caller through result()
                 future.set_exception(e)
             finally:
                 snap.release()
 
-        threading.Thread(target=run, name="cowmap-checkpoint", daemon=True).start()
+        try:
+            threading.Thread(target=run, name="cowmap-checkpoint", daemon=True).start()
+        except BaseException:
+            snap.release()
+            raise
         return SaveHandle(future)
 
-    def _begin(self, backend: KeyedStateBackend, controller: Any) -> tuple[KeyedStateSnapshot, Section | None]:
-        """The snapshot a save writes, and with a controller the encoded records
-        waiting at it."""
-        if controller is None:
-            return backend.snapshot(), None
-        if getattr(controller, "backend", None) is not backend:
+    def _begin(
+        self, backend: KeyedStateBackend, controller: Any, incremental: bool
+    ) -> tuple[int, KeyedStateSnapshot, Section | None, int | None]:
+        """The new checkpoint's id, the cut it writes, with a controller the
+        encoded records waiting at it, and the checkpoint the cut's changes
+        are relative to when it may be written as an increment of it."""
+        if controller is not None and getattr(controller, "backend", None) is not backend:
             raise ValueError("controller must be the AsyncExecutionController of the backend being saved")
-        waiting = controller.begin_unaligned_checkpoint()
+        cid = self._store.reserve_id()
+        chain = backend._chain
+        parent = chain[1] if incremental and chain is not None and chain[0] == self._key else None
+        pending = None
+        if controller is not None:
+            waiting = controller.begin_unaligned_checkpoint()
         try:
-            pending = encode_pending(backend, waiting)
-            snap = backend.snapshot()
+            if controller is not None:
+                pending = encode_pending(backend, waiting)
+            # a cut that fails half-way leaves changes no checkpoint will hold: none to chain to
+            backend._chain = None
+            snap = backend.snapshot(cut=True)
         finally:
-            controller.end_unaligned_checkpoint()
-        return snap, pending
+            if controller is not None:
+                controller.end_unaligned_checkpoint()
+        backend._chain = (self._key, cid)  # the maps now track the changes since this cut
+        return cid, snap, pending, parent
 
-    def _write(self, snap: KeyedStateSnapshot, pending: Section | None, cid: int) -> int:
+    def _write(
+        self, backend: KeyedStateBackend, snap: KeyedStateSnapshot, pending: Section | None, cid: int,
+        parent: int | None,
+    ) -> int:
         store = self._store
-        if store.writer == threading.get_ident():
-            raise RuntimeError(
-                "a checkpoint save was called from inside a checkpoint write of the same storage "
-                "(from a serializer?): it would wait for itself"
-            )
-        with store.lock:
-            store.writer = threading.get_ident()
-            try:
-                return self._write_locked(snap, pending, cid)
-            finally:
-                store.writer = None
+        try:
+            if store.writer == threading.get_ident():
+                raise RuntimeError(
+                    "a checkpoint save was called from inside a checkpoint write of the same storage "
+                    "(from a serializer?): it would wait for itself"
+                )
+            with store.lock:
+                store.writer = threading.get_ident()
+                try:
+                    return self._write_locked(snap, pending, cid, parent)
+                finally:
+                    store.writer = None
+        except BaseException:
+            if backend._chain == (self._key, cid):
+                backend._chain = None  # what changed since the cut is not saved anywhere: next save full
+            raise
 
-    def _write_locked(self, snap: KeyedStateSnapshot, pending: Section | None, cid: int) -> int:
-        """Write checkpoint ``cid``: the data file, then the manifest that commits it."""
+    def _chain_of(
+        self, snap: KeyedStateSnapshot, parent: int | None, headers: list[dict[str, Any]]
+    ) -> list[Any] | None:
+        """The files of checkpoint ``parent``'s chain when ``snap`` may be
+        written as an increment of it, else None (write a full checkpoint)."""
+        if parent is None or changes_lost(snap):
+            return None
+        try:
+            m = self._store.manifest(parent)
+        except (FileNotFoundError, CorruptCheckpointError):
+            return None  # failed, deleted or damaged: a new base is the way on
+        files = m["files"]
+        before = {h["name"]: h for h in m.get("state_headers", [])}
+        now = {h["name"]: h for h in headers}
+        if (
+            len(files) > self.max_increments
+            or sum(f["size"] for f in files[1:]) >= files[0]["size"]
+            or m.get("key_group_range") != [snap.key_group_range.start, snap.key_group_range.end]
+            or any(now.get(name) != h for name, h in before.items())
+        ):
+            return None
+        return list(files)
+
+    def _write_locked(self, snap: KeyedStateSnapshot, pending: Section | None, cid: int, parent: int | None) -> int:
+        """Write checkpoint ``cid``: the data file (full, or an increment of
+        ``parent``'s chain), then the manifest that commits it."""
         store = self._store
         names = snap.state_names()
+        headers = state_headers(snap)
+        chain = self._chain_of(snap, parent, headers)
+        kind = "full" if chain is None else "incremental"
+        kg_range = [snap.key_group_range.start, snap.key_group_range.end]
         header = {
             "checkpoint_id": cid,
-            "type": "full",
+            "type": kind,
+            "parent": None if chain is None else parent,
             "max_parallelism": snap.max_parallelism,
-            "key_group_range": [snap.key_group_range.start, snap.key_group_range.end],
+            "key_group_range": kg_range,
             "key_hash": KEY_HASH,
             "timestamp": snap.timestamp,
-            "states": state_headers(snap),
+            "states": headers,
         }
+        encode = encode_block if chain is None else encode_changes
         kgs = sorted({kg for name in names for kg in snap.key_groups(name)})
         rows = 0
         with store.atomic(data_name(cid)) as out:
             w = DataFileWriter(out, header)
             for kg in kgs:
-                sections = encode_block(snap, kg)
+                sections = encode(snap, kg)
                 # encoded: the backend need not keep this key group's data for us any longer
                 snap._release_key_group(kg)
                 if sections:
@@ -196,12 +263,15 @@ class CheckpointStorage:
         store.write_manifest(
             cid,
             {
-                "type": "full",
-                "files": [{"name": data_name(cid), "size": size}],
+                "type": kind,
+                "parent": header["parent"],
+                "files": (chain or []) + [{"name": data_name(cid), "size": size}],
                 "entries": rows,
                 "pending_records": pending[1] if pending is not None else 0,
                 "max_parallelism": snap.max_parallelism,
+                "key_group_range": kg_range,
                 "states": names,
+                "state_headers": headers,
             },
         )
         return cid
@@ -240,16 +310,26 @@ class CheckpointStorage:
             states = h["states"]
             check_compatible(backend, states, r.path)
             sers = [column_serializers(meta["kind"], _serializer_for(backend, meta, r.path)) for meta in states]
+            sers += [[PICKLE] * TOMBSTONE_COLUMNS for _ in states]
             blocks = []
             for kg in sorted(r.blocks):
                 if kc.lo <= kg <= kc.hi:
                     raw = r.block_bytes(kg)
                     blocks.append((kg, list(r.sections(kg, raw, sers))))
-            decoded.append((states, blocks))
+            decoded.append((states, blocks, h.get("type") == "incremental"))
         last = readers[-1]
         pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []
-        for states, blocks in decoded:
-            restore_blocks(backend, states, blocks)
+        fresh = _is_empty(backend)
+        for states, blocks, incremental in decoded:
+            restore_blocks(backend, states, blocks, incremental)
+        # from here the maps track changes against this checkpoint: an
+        # incremental save may chain to it if the backend now holds exactly it
+        for table in backend._tables.values():
+            for m in table.maps:
+                if m is not None:
+                    m.snapshot(cut=True).release()
+        exact = fresh and manifest.get("key_group_range") == [kc.lo, kc.hi]
+        backend._chain = (self._key, cid) if exact else None
         return pending
 
     # ------------------------------------------------------------ housekeeping
@@ -284,6 +364,11 @@ class CheckpointStorage:
 def _check_backend(backend: Any) -> None:
     if not isinstance(backend, KeyedStateBackend):
         raise TypeError(f"expected a KeyedStateBackend, not {type(backend).__name__}")
+
+
+def _is_empty(backend: KeyedStateBackend) -> bool:
+    """Whether no state of ``backend`` holds an entry. O(maps)."""
+    return all(m is None or not len(m) for t in backend._tables.values() for m in t.maps)
 
 
 def _check_header(backend: KeyedStateBackend, r: DataFileReader) -> None:

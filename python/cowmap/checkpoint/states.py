@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from cowmap._core import NO_TIMESTAMP, column_put, snapshot_columns, user_insert_many
+from cowmap._core import NO_TIMESTAMP, column_put, snapshot_changes, snapshot_columns, user_insert_many
 from cowmap._requests import replace_all
 from cowmap.checkpoint.columns import PICKLE, Const, Serializer, column_list, encode_column, serializer_name
 from cowmap.checkpoint.fileformat import Section
@@ -37,7 +37,7 @@ from cowmap.state.table import VOID_NAMESPACE, StateTable
 from cowmap.state.ttl import StateTtlConfig, StateVisibility, UpdateType
 from cowmap.state.user_map import NONE_VALUE, NS_MARKER, make_ctx, split_ctx
 
-__all__ = ["column_serializers", "encode_block", "restore_blocks", "state_headers"]
+__all__ = ["changes_lost", "column_serializers", "encode_block", "encode_changes", "restore_blocks", "state_headers"]
 
 #: how a backend maps keys to key groups (recorded so a restore under another function fails)
 KEY_HASH = "cowmap-murmur-v1"
@@ -88,6 +88,11 @@ def state_headers(snap: KeyedStateSnapshot) -> list[dict[str, Any]]:
     return out
 
 
+#: Tombstone sections (an incremental checkpoint's removals) of state i have
+#: index ``len(states) + i``; their columns: key, namespace[, user key].
+TOMBSTONE_COLUMNS = 3
+
+
 def encode_block(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
     """Every state's rows of key group ``kg`` as encoded sections."""
     sections: list[Section] = []
@@ -96,52 +101,126 @@ def encode_block(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
         if kg not in s.maps:
             continue
         snap._check()
-        kind = s.table.kind
-        columns = (
-            _map_columns(s, kg)
-            if kind == "map"
-            else _entry_columns(s, kg) if type(s.table).export is StateTable.export else None
-        )
-        if columns is None:
-            rows = list(snap._entries_of(s, kg))
-            columns = list(zip(*rows))
-        n = len(columns[0]) if columns else 0
-        if not n:
-            continue
-        if not s.ttl:
-            columns.pop()  # timestamps: NO_TIMESTAMP (value, map) or None (list) throughout
-        sers = column_serializers(kind, serializer_of(s.live_descriptor))
-        sections.append((i, n, [encode_column(c, ser) for c, ser in zip(columns, sers)]))
+        sec = _section(i, s, _columns(s, kg))
+        if sec is not None:
+            sections.append(sec)
     return sections
 
 
-def _entry_columns(s: Any, kg: int) -> list[Any]:
+def changes_lost(snap: KeyedStateSnapshot) -> bool:
+    """Whether a map of ``snap`` (a cut) lost track of some of its changes,
+    so that an incremental checkpoint cannot be written from it."""
+    return any(m.changes == "lost" for name in snap.state_names() for m in snap._state(name).maps.values())
+
+
+def encode_changes(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
+    """What changed in key group ``kg`` between the previous cut and ``snap``
+    (a cut none of whose maps ``changes_lost``): the removed keys of every
+    state as tombstone sections, then the entries written as sections as
+    :func:`encode_block` makes them. A map made since the previous cut goes
+    whole. O(changes)."""
+    nstates = len(snap.state_names())
+    tombs: list[Section] = []
+    upserts: list[Section] = []
+    for i, name in enumerate(snap.state_names()):
+        s = snap._state(name)
+        m = s.maps.get(kg)
+        if m is None:
+            continue
+        snap._check()
+        if m.changes != "known":  # "untracked": made since the previous cut
+            sec = _section(i, s, _columns(s, kg))
+        else:
+            keys, nss, states, ts, gone_keys, gone_nss = snapshot_changes(m, _namespace0(s.table.kind))
+            if len(gone_keys):
+                tombs.append(_tombstones(nstates + i, s.table.kind, gone_keys, gone_nss))
+            sec = _section(i, s, _columns(s, kg, (keys, nss, states, ts)))
+        if sec is not None:
+            upserts.append(sec)
+    return tombs + upserts
+
+
+def _namespace0(kind: str) -> Any:
+    """The namespace the core exports leave out when every entry has it."""
+    return NS_MARKER if kind == "map" else VOID_NAMESPACE
+
+
+def _section(i: int, s: Any, columns: list[Any]) -> Section | None:
+    n = len(columns[0]) if columns else 0
+    if not n:
+        return None
+    if not s.ttl:
+        columns.pop()  # timestamps: NO_TIMESTAMP (value, map) or None (list) throughout
+    sers = column_serializers(s.table.kind, serializer_of(s.live_descriptor))
+    return (i, n, [encode_column(c, ser) for c, ser in zip(columns, sers)])
+
+
+def _tombstones(index: int, kind: str, keys: Any, nss: Any) -> Section:
+    """A tombstone section of removed ``(key, namespace)`` (user entries of a
+    MapState: ``(user key, context)``) as ``snapshot_changes`` gives them."""
+    if kind == "map":
+        ctx_keys, ns = _split_contexts(nss)
+        columns = [ctx_keys, ns, keys]
+    else:
+        columns = [keys, Const(VOID_NAMESPACE) if nss is None else nss]
+    return (index, len(keys), [encode_column(c, PICKLE) for c in columns])
+
+
+class _Rows:
+    """Core columns ``(keys, namespaces, states, timestamps)`` as a snapshot
+    that ``StateTable.export`` reads (``iter_with_timestamps``)."""
+
+    def __init__(self, raw: tuple[Any, Any, Any, Any]) -> None:
+        self.raw = raw
+
+    def iter_with_timestamps(self) -> Iterable[tuple[Any, ...]]:
+        keys, nss, states, ts = self.raw
+        n = len(ts)
+        ns = [VOID_NAMESPACE] * n if nss is None else column_list(nss, n)
+        return zip(column_list(keys, n), ns, column_list(states, n), ts.tolist())
+
+
+def _columns(s: Any, kg: int, raw: tuple[Any, Any, Any, Any] | None = None) -> list[Any]:
+    """The columns of state ``s``'s rows in key group ``kg`` (timestamps last):
+    of the whole snapshot, or of the core columns ``raw`` (its changes)."""
+    kind = s.table.kind
+    if kind == "map":
+        return _map_columns(s, raw or snapshot_columns(s.maps[kg], NS_MARKER))
+    if type(s.table).export is StateTable.export:
+        return _entry_columns(s, raw or snapshot_columns(s.maps[kg], VOID_NAMESPACE))
+    source = s.maps[kg] if raw is None else _Rows(raw)
+    return list(zip(*s.table.export(source, s.cleanup_now, s.ttl)))
+
+
+def _entry_columns(s: Any, raw: tuple[Any, Any, Any, Any]) -> list[Any]:
     """``[keys, namespaces, values, timestamps]`` of a state stored one entry per
-    key and namespace, read out by the core in one call (numbers as arrays, the
+    key and namespace, from core columns ``raw`` (numbers as arrays, the
     common namespace once), expired entries left out under full-snapshot cleanup."""
-    keys, nss, values, ts = snapshot_columns(s.maps[kg], VOID_NAMESPACE)
+    keys, nss, values, ts = raw
     ns: Any = Const(VOID_NAMESPACE) if nss is None else nss
     return _unexpired(s, [keys, ns, values, ts])
 
 
-def _map_columns(s: Any, kg: int) -> list[Any]:
+def _map_columns(s: Any, raw: tuple[Any, Any, Any, Any]) -> list[Any]:
     """``[keys, namespaces, user keys, values, timestamps]`` of a MapState's user
-    entries in insertion order, read out by the core in one call (see
-    ``user_map``: a user entry's namespace in the core is the key itself in the
-    void namespace, else ``(key, namespace, NS_MARKER)``)."""
-    ukeys, ctxs, values, ts = snapshot_columns(s.maps[kg], NS_MARKER)
-    keys: Any
-    ns: Any
-    if ctxs is None:  # no entries (no context is the marker itself)
-        ctxs = []
-    if isinstance(ctxs, np.ndarray) or not any(type(c) is tuple for c in ctxs):
-        keys, ns = ctxs, Const(VOID_NAMESPACE)
-    else:
-        pairs = [split_ctx(c) for c in ctxs]
-        keys, ns = [k for k, _ in pairs], [n for _, n in pairs]
+    entries (in insertion order when read whole), from core columns ``raw``
+    (see ``user_map``: a user entry's namespace in the core is the key itself
+    in the void namespace, else ``(key, namespace, NS_MARKER)``)."""
+    ukeys, ctxs, values, ts = raw
+    keys, ns = _split_contexts(ctxs)
     if isinstance(values, list):
         values = replace_all(values, NONE_VALUE, None)
     return _unexpired(s, [keys, ns, ukeys, values, ts])
+
+
+def _split_contexts(ctxs: Any) -> tuple[Any, Any]:
+    """The key and namespace columns of user entries' contexts."""
+    if ctxs is None:  # no entries (no context is the marker itself)
+        ctxs = []
+    if isinstance(ctxs, np.ndarray) or not any(type(c) is tuple for c in ctxs):
+        return ctxs, Const(VOID_NAMESPACE)
+    pairs = [split_ctx(c) for c in ctxs]
+    return [k for k, _ in pairs], [n for _, n in pairs]
 
 
 def _unexpired(s: Any, columns: list[Any]) -> list[Any]:
@@ -221,8 +300,12 @@ def restore_blocks(
     backend: KeyedStateBackend,
     states: list[dict[str, Any]],
     blocks: Iterable[tuple[int, Iterable[tuple[int, int, list[Any]]]]],
+    incremental: bool = False,
 ) -> None:
-    """Write decoded blocks ``(kg, sections)`` into ``backend`` (checked already)."""
+    """Write decoded blocks ``(kg, sections)`` into ``backend`` (checked
+    already). Of an ``incremental`` checkpoint: tombstone sections remove, and
+    a ListState's rows replace its lists (elsewhere they are appended, which
+    merges key groups restored from several checkpoints)."""
     tables = []
     for meta in states:
         table = backend._tables.get(meta["name"])
@@ -231,13 +314,34 @@ def restore_blocks(
         tables.append(table)
     for kg, sections in blocks:
         for i, n, cols in sections:
+            if i >= len(tables):
+                _remove_rows(tables[i - len(tables)], kg, n, cols)
+                continue
             table = tables[i]
+            if incremental and table.kind == "list":
+                _remove_rows(table, kg, n, cols)
             if not table.ttl:
                 cols.append(None)
             if _put_numbers(table, kg, n, cols) or (table.kind == "map" and _put_user_entries(table, kg, n, cols)):
                 continue
             fields = [column_list(c, n) if c is not None else _no_stamps(table.kind, n) for c in cols]
             table.import_records(kg, zip(*fields))
+
+
+def _remove_rows(table: Any, kg: int, n: int, cols: list[Any]) -> None:
+    """Remove the rows' ``(key, namespace)`` (of a MapState: ``(key,
+    namespace, user key)``) from ``table``'s key group ``kg``."""
+    m = table.maps[kg]
+    if m is None:
+        return
+    keys, nss = column_list(cols[0], n), column_list(cols[1], n)
+    if table.kind == "map":
+        users = table.users[kg]
+        for key, ns, ukey in zip(keys, nss, column_list(cols[2], n)):
+            users.remove(make_ctx(key, ns), ukey)
+    else:
+        for key, ns in zip(keys, nss):
+            m.remove(key, ns)
 
 
 def _no_stamps(kind: str, n: int) -> list[Any]:

@@ -65,6 +65,7 @@ class KeyedStateBackend:
         "set_current_key",
         "_tables",
         "_views",
+        "_chain",
         "__weakref__",
     )
 
@@ -94,6 +95,9 @@ class KeyedStateBackend:
         self.now()  # fail here, not at the first TTL access, if it returns no int
         self._tables: dict[str, StateTable] = {}
         self._views: dict[str, State] = {}
+        #: (storage, checkpoint id) the changes the maps track since their last
+        #: cut are relative to (cowmap.checkpoint's incremental saves), or None
+        self._chain: tuple[str, int] | None = None
 
     # ------------------------------------------------------------ key context
 
@@ -201,11 +205,16 @@ class KeyedStateBackend:
         """The number of ``(key, namespace)`` entries over all states."""
         return sum(t.num_entries() for t in self._tables.values())
 
-    def snapshot(self) -> KeyedStateSnapshot:
-        """A consistent snapshot of every state, cheap to take (copy-on-write)."""
+    def snapshot(self, *, cut: bool = False) -> KeyedStateSnapshot:
+        """A consistent snapshot of every state, cheap to take (copy-on-write).
+
+        ``cut``: a checkpoint's cut (what ``cowmap.checkpoint`` takes): the
+        snapshot also holds what changed since the previous cut, and the
+        backend's maps track changes from now on (O(capacity / 64) per map
+        more, and a bit per bucket of memory)."""
         snap = KeyedStateSnapshot(self.max_parallelism, self.key_group_range, self.now())
         for table in self._tables.values():
-            snap._add(table)
+            snap._add(table, cut)
         return snap
 
     def restore(self, snapshot: KeyedStateSnapshot) -> None:

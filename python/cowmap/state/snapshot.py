@@ -61,10 +61,10 @@ class KeyedStateSnapshot:
         self._states: dict[str, _StateSnapshot] = {}
         self._released = False
 
-    def _add(self, table: StateTable) -> None:
+    def _add(self, table: StateTable, cut: bool = False) -> None:
         cleanup_now = self.timestamp if table.ttl and table.cleanup_full_snapshot else None
         self._states[table.name] = _StateSnapshot(
-            table, table.descriptor, table.ttl_config, table.snapshot_maps(), cleanup_now, table.ttl
+            table, table.descriptor, table.ttl_config, table.snapshot_maps(cut), cleanup_now, table.ttl
         )
 
     def _check(self) -> None:

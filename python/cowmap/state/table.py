@@ -129,9 +129,10 @@ class StateTable:
             self.live.append(kg)
         return m
 
-    def snapshot_maps(self) -> dict[int, StateMapSnapshot]:
-        """One core snapshot per key group that has a map."""
-        return {kg: m.snapshot() for kg, m in enumerate(self.maps) if m is not None}
+    def snapshot_maps(self, cut: bool = False) -> dict[int, StateMapSnapshot]:
+        """One core snapshot per key group that has a map (with ``cut``, each a
+        checkpoint's cut: see ``CopyOnWriteStateMap.snapshot``)."""
+        return {kg: m.snapshot(cut=cut) for kg, m in enumerate(self.maps) if m is not None}
 
     def num_entries(self) -> int:
         return sum(len(self.maps[kg]) for kg in self.live)

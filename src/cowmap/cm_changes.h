@@ -1,0 +1,97 @@
+/*
+ * cowmap core, part 10 of 10: what changed since a checkpoint's cut.
+ *
+ * An incremental checkpoint writes only the entries written or removed since
+ * the last one. Finding them must not cost a pass over every entry, so a
+ * tracking map keeps a bit per hash class (hash & dmask, the classes as many
+ * as the larger table's buckets at the cut) set by every write, removal and
+ * read of a mutable state (cm_changed, at the write sites of every part), and
+ * a log of the removed keys (cm_unlink). A cut, taken with a checkpoint's
+ * snapshot, hands both over and starts afresh; the checkpoint then reads from
+ * the snapshot the entries of the marked classes (their buckets only: the
+ * cost follows the changes) and writes the log as tombstones. A class holds
+ * one bucket's worth of entries at the cut, so an unchanged neighbour
+ * sometimes goes along: rewriting it is harmless.
+ *
+ * Compiled only as part of cowmap_core.h, which includes the parts in order.
+ */
+#ifndef COWMAP_CM_CHANGES_H
+#define COWMAP_CM_CHANGES_H
+
+#include "cm_export.h"
+
+/* What a cut hands over: bits NULL when the map was not tracking (then its
+ * changes are unknown), else the marked classes and the removed keys. */
+typedef struct {
+    uint64_t *bits;
+    uint32_t mask;
+    cm_gonelog gone;
+} cm_changes;
+
+static void cm_changes_free(cm_changes *c) {
+    PyMem_RawFree(c->bits);
+    c->bits = NULL;
+    cm_gone_free(&c->gone);
+}
+
+/* Hands the changes since the last cut to *out and tracks afresh from now:
+ * 0, or -1 out of memory (MemoryError set; the map as it was). */
+static int cm_cut(cm_map *m, cm_changes *out) {
+    uint32_t cap = m->primary.capacity > m->rehash.capacity ? m->primary.capacity : m->rehash.capacity;
+    if (cap < 64u) cap = 64u;
+    uint64_t *bits = (uint64_t *)PyMem_RawCalloc(cap >> 6, sizeof(uint64_t));
+    if (!bits) { PyErr_NoMemory(); return -1; }
+    out->bits = m->dirty;
+    out->mask = m->dmask;
+    out->gone = m->gone;
+    m->dirty = bits;
+    m->dmask = cap - 1u;
+    memset(&m->gone, 0, sizeof m->gone);
+    return 0;
+}
+
+/* The entries of snapshot s in the classes marked in c, appended to out
+ * (pointers into the map, valid while s is). O(marked classes + their
+ * entries); -1 out of memory. Of a table smaller than the classes a class is
+ * part of one bucket, of a larger one every (mask+1)-th bucket from it. */
+static int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_changes *c, cm_ptrvec *out) {
+    uint32_t nclass = c->mask + 1u;
+    for (uint32_t w = 0; w < (nclass >> 6); w++) {
+        for (uint64_t bits = c->bits[w]; bits; bits &= bits - 1u) {
+            uint32_t cls = (w << 6) | (uint32_t)__builtin_ctzll(bits);
+            for (int phase = 0; phase < 2; phase++) {
+                const cm_tview *v = phase == 0 ? &s->primary : &s->rehash;
+                if (!v->capacity) continue;
+                uint32_t lo = phase == 0 ? s->rehash_index : 0u, pmask = (1u << v->page_shift) - 1u;
+                for (uint32_t b = cls & (v->capacity - 1u); b < v->capacity; b += nclass) {
+                    if (b < lo) continue;
+                    const cm_page *p = v->pages[b >> v->page_shift];
+                    for (uint32_t i = p ? p->slots[b & pmask] : 0u; i; i = cm_E(m, i)->next) {
+                        const cm_entry *e = cm_E(m, i);
+                        if ((e->hash & c->mask) == cls && cm_ptrvec_push(out, (void *)e) < 0) return -1;
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* The removed entries' keys into keys[0..g->n) when every key is an int
+ * stored inline: CM_X_KEYS_INT, with CM_X_NS_SAME when every namespace is ns0. */
+static int cm_gone_numbers(const cm_gonelog *g, const PyObject *ns0, int64_t *keys) {
+    int f = CM_X_KEYS_INT | CM_X_NS_SAME;
+    for (size_t k = 0; k < g->n; k++) {
+        const cm_entry *e = &g->a[k];
+        if (cm_intkey(e)) keys[k] = e->key.i; else f &= ~CM_X_KEYS_INT;
+        if (e->ns != ns0) f &= ~CM_X_NS_SAME;
+    }
+    return f;
+}
+
+/* Pointers to the removed entries (for cm_export_list, fields 0 and 1 only). */
+static void cm_gone_ptrs(const cm_gonelog *g, const cm_entry **out) {
+    for (size_t k = 0; k < g->n; k++) out[k] = &g->a[k];
+}
+
+#endif /* COWMAP_CM_CHANGES_H */

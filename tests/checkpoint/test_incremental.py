@@ -1,0 +1,233 @@
+"""Incremental checkpoints: a chain of increments on a full base restores
+exactly what the source held at each save, and holds only what changed."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_roundtrip import KEYS, NAMESPACES, VALUES, apply
+
+from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError
+from cowmap.state import KeyedStateBackend, KeyGroupRange, ValueStateDescriptor
+
+from ckpt_helpers import Clock, contents, register
+
+OP = st.tuples(
+    st.sampled_from(
+        ["value", "list", "map", "map_remove", "reducing", "aggregating", "clear", "tick", "snapshot",
+         "mutate", "sweep", "columns", "save", "save_full"]
+    ),
+    KEYS,
+    NAMESPACES,
+    st.integers(-3, 3),
+    VALUES,
+)
+
+
+def map_order(backend: KeyedStateBackend) -> dict[Any, list[Any]]:
+    """Each (key, namespace)'s user keys of the MapState, in iteration order."""
+    out: dict[Any, list[Any]] = defaultdict(list)
+    with backend.snapshot() as snap:
+        if "map" in snap.state_names():
+            for key, ns, ukey, _, _ in snap.entries("map"):
+                out[repr((key, ns))].append(ukey)
+    return dict(out)
+
+
+def step(b: KeyedStateBackend, states: dict[str, Any], clock: Clock, op: tuple, snaps: list) -> None:
+    kind, key, ns, ukey, value = op
+    if kind == "mutate":  # a value changed in place after a read, never written back
+        b.set_current_key(key)
+        v = states["value"]
+        v.set_current_namespace(ns)
+        held = v.value()
+        if isinstance(held, list):
+            held.append(ukey)
+        else:
+            v.update([ukey])
+    elif kind == "sweep":  # TTL cleanup removes entries behind the writes' backs
+        for t in b._tables.values():
+            for kg in t.live if t.ttl else ():
+                t.sweep(kg, clock.now, None)
+    elif kind == "columns":  # the columnar path writes without a per-key call
+        keys = np.arange(ukey, ukey + 40, 3, dtype=np.int64)
+        states["value"].update_many(keys, keys * 2)
+        states["reducing"].add_many(keys, keys)
+    else:
+        apply(b, states, clock, op, snaps)
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(OP, max_size=80), max_increments=st.integers(0, 3))
+def test_every_checkpoint_of_a_chain_restores_its_moment(
+    tmp_path_factory: Any, ttl: bool, ops: list, max_increments: int
+) -> None:
+    clock = Clock()
+    src = KeyedStateBackend(max_parallelism=8, time_provider=clock)
+    states = register(src, ttl)
+    storage = CheckpointStorage(tmp_path_factory.mktemp("ck"), max_increments=max_increments)
+    snaps: list = []
+    saved: dict[int, tuple[Any, Any]] = {}
+    for op in ops + [("save",) + op[1:] for op in ops[-1:]]:
+        if op[0] in ("save", "save_full"):
+            cid = storage.save(src, incremental=op[0] == "save")
+            saved[cid] = (contents(src), map_order(src))
+        else:
+            step(src, states, clock, op, snaps)
+    for s in snaps:
+        s.release()
+    for cid, (expected, order) in saved.items():
+        m = storage.manifest(cid)
+        assert len(m["files"]) <= max_increments + 1
+        dst = KeyedStateBackend(max_parallelism=8, time_provider=clock)
+        storage.restore(dst, cid)
+        assert contents(dst) == expected
+        assert map_order(dst) == order
+
+
+def filled(n: int) -> tuple[KeyedStateBackend, Any]:
+    b = KeyedStateBackend(max_parallelism=32)
+    v = b.get_state(ValueStateDescriptor("v"))
+    keys = np.arange(n, dtype=np.int64)
+    v.update_many(keys, keys)
+    return b, v
+
+
+def test_an_increment_holds_what_changed(tmp_path: Path) -> None:
+    """1% of the keys changed (and some removed): the increment holds about
+    those rows, a few percent of the full checkpoint's bytes."""
+    b, v = filled(100_000)
+    storage = CheckpointStorage(tmp_path)
+    full = storage.save(b)
+    rng = np.random.default_rng(7)
+    changed = rng.choice(100_000, 1_000, replace=False).astype(np.int64)
+    v.update_many(changed, -changed)
+    for k in changed[:50].tolist():
+        b.set_current_key(k)
+        v.clear()
+    inc = storage.save(b)
+    m_full, m_inc = storage.manifest(full), storage.manifest(inc)
+    assert m_inc["type"] == "incremental" and m_inc["parent"] == full
+    assert 1_000 <= m_inc["entries"] <= 3_000
+    assert m_inc["files"][-1]["size"] < 0.03 * m_full["files"][0]["size"]
+    r = KeyedStateBackend(max_parallelism=32)
+    storage.restore(r)
+    assert contents(r) == contents(b)
+
+
+def test_a_new_base_when_the_chain_is_long_or_heavy(tmp_path: Path) -> None:
+    b, v = filled(1_000)
+    storage = CheckpointStorage(tmp_path, max_increments=2)
+    kinds = []
+    for i in range(4):
+        v.update_many(np.array([i], dtype=np.int64), np.array([-i], dtype=np.int64))
+        kinds.append(storage.manifest(storage.save(b))["type"])
+    assert kinds == ["full", "incremental", "incremental", "full"]
+    v.update_many(np.arange(1_000, dtype=np.int64), np.zeros(1_000, dtype=np.int64))  # all of it changed
+    assert storage.manifest(storage.save(b))["type"] == "incremental"
+    # the chain's increments now outweigh the base: the next one is a base again
+    v.update_many(np.arange(5, dtype=np.int64), np.ones(5, dtype=np.int64))
+    assert storage.manifest(storage.save(b))["type"] == "full"
+
+
+def test_after_a_failed_save_the_next_is_full(tmp_path: Path) -> None:
+    b, v = filled(100)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    v.update_many(np.array([1], dtype=np.int64), np.array([-1], dtype=np.int64))
+
+    class Boom(Exception):
+        pass
+
+    def fail(*_: Any) -> None:
+        raise Boom
+
+    real = storage._store.write_manifest
+    storage._store.write_manifest = fail  # type: ignore[method-assign]
+    with pytest.raises(Boom):
+        storage.save(b)
+    storage._store.write_manifest = real  # type: ignore[method-assign]
+    cid = storage.save(b)
+    assert storage.manifest(cid)["type"] == "full"  # the failed one's changes are in no checkpoint
+    r = KeyedStateBackend(max_parallelism=32)
+    storage.restore(r)
+    assert contents(r) == contents(b)
+
+
+def test_a_parent_gone_or_another_storage_gives_a_full_checkpoint(tmp_path: Path) -> None:
+    b, v = filled(100)
+    one, two = CheckpointStorage(tmp_path / "one"), CheckpointStorage(tmp_path / "two")
+    first = one.save(b)
+    assert two.manifest(two.save(b))["type"] == "full"  # its chain is not two's
+    assert one.manifest(one.save(b))["type"] == "full"  # two's cut took the changes since one's
+    (tmp_path / "one" / f"chk-{first + 1:010d}.manifest").unlink()  # the parent vanished
+    assert one.manifest(one.save(b))["type"] == "full"
+
+
+def test_restore_then_increment_chains_to_the_restored_checkpoint(tmp_path: Path) -> None:
+    """A fresh backend restored from a storage's latest checkpoint writes the
+    next one as an increment of it (a job restarting, a Spark micro-batch)."""
+    b, v = filled(2_000)
+    storage = CheckpointStorage(tmp_path)
+    base = storage.save(b)
+    r = KeyedStateBackend(max_parallelism=32)
+    storage.restore(r)
+    rv = r.get_state(ValueStateDescriptor("v"))
+    rv.update_many(np.array([3, 4], dtype=np.int64), np.array([30, 40], dtype=np.int64))
+    r.set_current_key(5)
+    rv.clear()
+    cid = storage.save(r)
+    m = storage.manifest(cid)
+    assert m["type"] == "incremental" and m["parent"] == base and m["entries"] <= 20
+    again = KeyedStateBackend(max_parallelism=32)
+    storage.restore(again)
+    assert contents(again) == contents(r)
+    # a backend that held state before the restore is not the checkpoint: full next
+    other, _ = filled(10)
+    other.set_current_key(10_000)
+    other.get_state(ValueStateDescriptor("v")).update(1)
+    storage.restore(other, base)
+    assert storage.manifest(storage.save(other))["type"] == "full"
+
+
+def test_a_chain_restores_at_another_parallelism(tmp_path: Path) -> None:
+    b, v = filled(3_000)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    v.update_many(np.arange(0, 3_000, 7, dtype=np.int64), np.zeros(429, dtype=np.int64))
+    for k in range(0, 3_000, 11):
+        b.set_current_key(k)
+        v.clear()
+    storage.save(b)
+    parts = [KeyedStateBackend(max_parallelism=32, key_group_range=KeyGroupRange(lo, hi)) for lo, hi in
+             ((0, 9), (10, 20), (21, 31))]
+    merged: dict[str, list[Any]] = {}
+    for p in parts:
+        storage.restore(p)
+        for name, rows in contents(p).items():
+            merged.setdefault(name, []).extend(rows)
+    assert {n: sorted(r, key=repr) for n, r in merged.items()} == contents(b)
+
+
+def test_a_damaged_base_fails_the_increments_restore(tmp_path: Path) -> None:
+    b, v = filled(500)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    v.update_many(np.array([1], dtype=np.int64), np.array([-1], dtype=np.int64))
+    storage.save(b)
+    base = tmp_path / "chk-0000000001.data"
+    raw = bytearray(base.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    base.write_bytes(bytes(raw))
+    r = KeyedStateBackend(max_parallelism=32)
+    with pytest.raises(CorruptCheckpointError) as e:
+        storage.restore(r)
+    assert e.value.path.endswith("chk-0000000001.data")
+    assert contents(r) == {}
