@@ -3,15 +3,14 @@
  *
  * An incremental checkpoint writes only the entries written or removed since
  * the last one. Finding them must not cost a pass over every entry, so a
- * tracking map keeps a bit per hash class (hash & dmask, the classes as many
- * as the larger table's buckets at the cut) set by every write, removal and
+ * tracking map keeps a bit per hash class (hash & dmask, four classes per
+ * bucket of the larger table at the cut) set by every write, removal and
  * read of a mutable state (cm_changed, at the write sites of every part), and
  * a log of the removed keys (cm_unlink). A cut, taken with a checkpoint's
  * snapshot, hands both over and starts afresh; the checkpoint then reads from
  * the snapshot the entries of the marked classes (their buckets only: the
- * cost follows the changes) and writes the log as tombstones. A class holds
- * one bucket's worth of entries at the cut, so an unchanged neighbour
- * sometimes goes along: rewriting it is harmless.
+ * cost follows the changes) and writes the log as tombstones. An unchanged
+ * entry of a changed one's class goes along: rewriting it is harmless.
  *
  * Compiled only as part of cowmap_core.h, which includes the parts in order.
  */
@@ -38,6 +37,11 @@ static void cm_changes_free(cm_changes *c) {
  * 0, or -1 out of memory (MemoryError set; the map as it was). */
 static int cm_cut(cm_map *m, cm_changes *out) {
     uint32_t cap = m->primary.capacity > m->rehash.capacity ? m->primary.capacity : m->rehash.capacity;
+    /* four classes per bucket: an unchanged entry sharing a changed one's
+     * bucket goes along only if it also shares its class (at the usual loads
+     * 1 in 7 rows of an increment instead of 2 in 5; the bits cost 1/64 of
+     * the bucket array) */
+    cap = cap < (1u << 29) ? cap * 4u : (1u << 31);
     if (cap < 64u) cap = 64u;
     uint64_t *bits = (uint64_t *)PyMem_RawCalloc(cap >> 6, sizeof(uint64_t));
     if (!bits) { PyErr_NoMemory(); return -1; }
@@ -50,31 +54,69 @@ static int cm_cut(cm_map *m, cm_changes *out) {
     return 0;
 }
 
+#define CM_CH_AHEAD 16u /* buckets between requesting a slot and reading it; as far again to its head entry */
+
+/* The address of bucket b's slot in table view v, NULL when its page is empty. */
+CM_ALWAYS_INLINE static inline const uint32_t *cm_tview_slot_at(const cm_tview *v, uint32_t b) {
+    const cm_page *p = v->pages[b >> v->page_shift];
+    return p ? &p->slots[b & ((1u << v->page_shift) - 1u)] : NULL;
+}
+
 /* The entries of snapshot s in the classes marked in c, appended to out
  * (pointers into the map, valid while s is). O(marked classes + their
  * entries); -1 out of memory. Of a table smaller than the classes a class is
- * part of one bucket, of a larger one every (mask+1)-th bucket from it. */
+ * part of one bucket, of a larger one every (mask+1)-th bucket from it.
+ *
+ * The buckets are listed first (a table bit on top of each index), then read
+ * as a pipeline: a bucket's slot is requested CM_CH_AHEAD buckets before its
+ * head entry is, and that as many again before the chain is walked, so the
+ * two cache misses of each changed entry overlap with the others' (they cost
+ * nearly all of the time: the changes lie scattered over the whole table). */
 static int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_changes *c, cm_ptrvec *out) {
     uint32_t nclass = c->mask + 1u;
+    cm_u32vec todo = {0};
+    int rc = -1;
     for (uint32_t w = 0; w < (nclass >> 6); w++) {
         for (uint64_t bits = c->bits[w]; bits; bits &= bits - 1u) {
             uint32_t cls = (w << 6) | (uint32_t)__builtin_ctzll(bits);
-            for (int phase = 0; phase < 2; phase++) {
+            for (uint32_t phase = 0; phase < 2; phase++) {
                 const cm_tview *v = phase == 0 ? &s->primary : &s->rehash;
-                if (!v->capacity) continue;
-                uint32_t lo = phase == 0 ? s->rehash_index : 0u, pmask = (1u << v->page_shift) - 1u;
-                for (uint32_t b = cls & (v->capacity - 1u); b < v->capacity; b += nclass) {
-                    if (b < lo) continue;
-                    const cm_page *p = v->pages[b >> v->page_shift];
-                    for (uint32_t i = p ? p->slots[b & pmask] : 0u; i; i = cm_E(m, i)->next) {
-                        const cm_entry *e = cm_E(m, i);
-                        if ((e->hash & c->mask) == cls && cm_ptrvec_push(out, (void *)e) < 0) return -1;
-                    }
-                }
+                uint32_t lo = phase == 0 ? s->rehash_index : 0u;
+                for (uint32_t b = cls & (v->capacity - 1u); v->capacity && b < v->capacity; b += nclass)
+                    if (b >= lo && (cm_u32vec_push(&todo, b | phase << 31) < 0 || cm_u32vec_push(&todo, cls) < 0))
+                        goto done;
             }
         }
     }
-    return 0;
+    uint32_t heads[2u * CM_CH_AHEAD] = {0};
+    size_t n = todo.n / 2u; /* (bucket | table << 31, class) pairs */
+    for (size_t i = 0; i < n + 2u * CM_CH_AHEAD; i++) {
+        if (i < n) { /* request the slot */
+            uint32_t t = todo.a[2u * i];
+            const uint32_t *slot = cm_tview_slot_at(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
+            if (slot) CM_PREFETCH(slot);
+        }
+        size_t j = i - CM_CH_AHEAD;
+        if (i >= CM_CH_AHEAD && j < n) { /* its slot has arrived: request the head entry */
+            uint32_t t = todo.a[2u * j];
+            const uint32_t *slot = cm_tview_slot_at(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
+            uint32_t h = slot ? *slot : 0u;
+            heads[j % (2u * CM_CH_AHEAD)] = h;
+            if (h) cm_prefetch_hot(m, h);
+        }
+        size_t k = i - 2u * CM_CH_AHEAD;
+        if (i >= 2u * CM_CH_AHEAD && k < n) { /* the head has arrived: walk the chain */
+            uint32_t cls = todo.a[2u * k + 1u];
+            for (uint32_t e = heads[k % (2u * CM_CH_AHEAD)]; e; e = cm_E(m, e)->next) {
+                const cm_entry *x = cm_E(m, e);
+                if ((x->hash & c->mask) == cls && cm_ptrvec_push(out, (void *)x) < 0) goto done;
+            }
+        }
+    }
+    rc = 0;
+done:
+    PyMem_RawFree(todo.a);
+    return rc;
 }
 
 /* The removed entries' keys into keys[0..g->n) when every key is an int

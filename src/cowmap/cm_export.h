@@ -88,6 +88,9 @@ static int cm_export_numbers(const cm_entry *const *ents, size_t n, const PyObje
                              int64_t *nss, int64_t *states, int64_t *ts) {
     int f = CM_X_KEYS_INT | CM_X_NS_SAME | CM_X_NS_INT | CM_X_STATES_INT | CM_X_STATES_FLOAT;
     for (size_t k = 0; k < n; k++) {
+        /* the entry twice as far ahead (its address is known), then its state
+         * once the entry has arrived: the entries of an increment lie scattered */
+        if (k + 2u * CM_X_PREFETCH < n) CM_PREFETCH(ents[k + 2u * CM_X_PREFETCH]);
         if (k + CM_X_PREFETCH < n) CM_PREFETCH(ents[k + CM_X_PREFETCH]->state);
         const cm_entry *e = ents[k];
         if (cm_intkey(e)) keys[k] = e->key.i; else f &= ~CM_X_KEYS_INT;

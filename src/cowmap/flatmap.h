@@ -886,27 +886,44 @@ static int fm_seq_cmp(const void *a, const void *b) {
 /* The entries of snapshot snap whose home slots are marked in bits (from
  * fm_cut), into out in insertion order (so a restore that appends the new
  * ones keeps the map's order): each marked home's probe run is read up to its
- * first empty slot. O(marked slots + their runs, and a sort); -1 out of memory. */
+ * first empty slot. The homes are listed first and their slots requested
+ * CM_CH_AHEAD homes before they are read (the changes lie scattered: a cache
+ * miss each). O(marked slots + their runs, and a sort); -1 out of memory. */
 static int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptrvec *out) {
+    cm_u32vec todo = {0}; /* (segment, home) pairs */
+    int rc = -1;
     for (uint32_t j = 0; j < snap->nsegs; j++) {
-        const fm_seg *s = snap->segs[j];
         const uint64_t *b = bits[j];
         if (!b) continue;
-        uint32_t mask = fm_cap(s) - 1u;
-        for (size_t w = 0; w < fm_dirty_words(s); w++) {
-            for (uint64_t word = b[w]; word; word &= word - 1u) {
-                uint32_t h = (uint32_t)(w << 6) | (uint32_t)__builtin_ctzll(word), i = h;
-                do {
-                    const cm_entry *e = fm_snap_slot(s, i, snap->version);
-                    if (!e || !fm_used(e)) break;
-                    if ((fm_hash(e) & mask) == h && cm_ptrvec_push(out, (void *)e) < 0) return -1;
-                    i = (i + 1u) & mask;
-                } while (i != h);
-            }
+        for (size_t w = 0; w < fm_dirty_words(snap->segs[j]); w++)
+            for (uint64_t word = b[w]; word; word &= word - 1u)
+                if (cm_u32vec_push(&todo, j) < 0 ||
+                    cm_u32vec_push(&todo, (uint32_t)(w << 6) | (uint32_t)__builtin_ctzll(word)) < 0)
+                    goto done;
+    }
+    size_t n = todo.n / 2u;
+    for (size_t i = 0; i < n + CM_CH_AHEAD; i++) {
+        if (i < n) {
+            const cm_entry *e = &snap->segs[todo.a[2u * i]]->e[todo.a[2u * i + 1u]];
+            CM_PREFETCH(e);
+            CM_PREFETCH((const char *)e + sizeof(cm_entry) - 1u);
         }
+        size_t k = i - CM_CH_AHEAD;
+        if (i < CM_CH_AHEAD || k >= n) continue;
+        const fm_seg *s = snap->segs[todo.a[2u * k]];
+        uint32_t mask = fm_cap(s) - 1u, h = todo.a[2u * k + 1u], at = h;
+        do {
+            const cm_entry *e = fm_snap_slot(s, at, snap->version);
+            if (!e || !fm_used(e)) break;
+            if ((fm_hash(e) & mask) == h && cm_ptrvec_push(out, (void *)e) < 0) goto done;
+            at = (at + 1u) & mask;
+        } while (at != h);
     }
     if (out->n > 1) qsort(out->a, out->n, sizeof(void *), fm_seq_cmp);
-    return 0;
+    rc = 0;
+done:
+    PyMem_RawFree(todo.a);
+    return rc;
 }
 
 #endif /* COWMAP_FLATMAP_H */

@@ -172,9 +172,7 @@ class CheckpointStorage:
         try:
             if controller is not None:
                 pending = encode_pending(backend, waiting)
-            # a cut that fails half-way leaves changes no checkpoint will hold: none to chain to
-            backend._chain = None
-            snap = backend.snapshot(cut=True)
+            snap = backend.snapshot(cut=True)  # (forgets the chain: a cut failing half-way breaks it)
         finally:
             if controller is not None:
                 controller.end_unaligned_checkpoint()

@@ -213,6 +213,8 @@ class KeyedStateBackend:
         backend's maps track changes from now on (O(capacity / 64) per map
         more, and a bit per bucket of memory)."""
         snap = KeyedStateSnapshot(self.max_parallelism, self.key_group_range, self.now())
+        if cut:
+            self._chain = None  # the changes since the last checkpoint go to this snapshot alone
         for table in self._tables.values():
             snap._add(table, cut)
         return snap

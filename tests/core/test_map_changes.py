@@ -1,0 +1,116 @@
+"""What changed since a cut (``snapshot(cut=True)`` + ``snapshot_changes``),
+against a plain dict: the previous cut's contents with the tombstones removed
+and the changed entries put equal the new cut's, for either map, whatever ran
+in between (rehash, batches, sweeps, held snapshots, reads of mutable states
+changed in place)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowmap import CopyOnWriteStateMap
+from cowmap._core import FlatStateMap, snapshot_changes
+
+NS = "ns"
+KEYS = st.one_of(st.integers(-50, 50), st.text(max_size=2))
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["put", "put", "remove", "mutate", "many", "sweep", "hold", "cut"]),
+        KEYS,
+        st.sampled_from([NS, NS, "other"]),
+        st.integers(0, 9),
+    ),
+    max_size=150,
+)
+
+
+def listed(col: Any, n: int, default: Any = None) -> list[Any]:
+    if col is None:
+        return [default] * n
+    return col.tolist() if isinstance(col, np.ndarray) else list(col)
+
+
+def copy_lists(state: Any) -> Any:
+    return list(state) if isinstance(state, list) else state
+
+
+def contents(m: Any) -> dict[tuple[Any, Any], Any]:
+    with m.snapshot() as s:
+        return {(k, ns): (list(v) if isinstance(v, list) else v) for k, ns, v in s}
+
+
+@pytest.mark.parametrize("kind", ["chained", "flat"])
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, capacity=st.sampled_from([4, 64]))
+def test_changes_rebuild_each_cut_from_the_previous(kind: str, ops: list, capacity: int) -> None:
+    m: Any = (
+        CopyOnWriteStateMap(capacity=capacity, copier=copy_lists)
+        if kind == "chained"
+        else FlatStateMap(copier=copy_lists)
+    )
+    held = []
+    m.snapshot(cut=True).release()  # tracking from here; the model starts empty
+    model: dict[tuple[Any, Any], Any] = {}
+    for op, key, ns, v in ops + [("cut", 0, NS, 0)]:
+        if op == "put":
+            m.put(key, ns, v if v % 3 else [v])
+        elif op == "remove":
+            m.remove(key, ns)
+        elif op == "mutate":  # read, then changed in place: never written back
+            st_ = m.get(key, ns)
+            if isinstance(st_, list):
+                st_.append(v)
+        elif op == "many" and kind == "chained":
+            keys = np.arange(v, v + 20, dtype=np.int64)
+            m.put_many(keys, ns, list(range(20)))
+        elif op == "sweep":
+            m.sweep_expired(10**6, 1, v + 1)  # every entry is expired: up to v + 1 removed
+        elif op == "hold":
+            held.append(m.snapshot())
+        elif op == "cut":
+            s = m.snapshot(cut=True)
+            assert s.changes == "known"
+            keys, nss, states, _, gone_keys, gone_nss = snapshot_changes(s, NS)
+            n, g = len(states), len(gone_keys)
+            for k, n_ in zip(listed(gone_keys, g), listed(gone_nss, g, NS)):
+                model.pop((k, n_), None)
+            for k, n_, st_ in zip(listed(keys, n), listed(nss, n, NS), listed(states, n)):
+                model[(k, n_)] = list(st_) if isinstance(st_, list) else st_
+            s.release()
+            assert model == contents(m)
+    for h in held:
+        h.release()
+
+
+def test_changes_cost_what_changed() -> None:
+    """One key changed in a big map: a handful of entries come out, not the map."""
+    m = CopyOnWriteStateMap()
+    keys = np.arange(200_000, dtype=np.int64)
+    m.put_many(keys, NS, keys.tolist())
+    m.snapshot(cut=True).release()
+    m.put(7, NS, -7)
+    m.remove(8, NS)
+    with m.snapshot(cut=True) as s:
+        keys_, _, states, _, gone, _ = snapshot_changes(s, NS)
+        assert 7 in listed(keys_, len(states)) and len(states) <= 8
+        assert listed(gone, len(gone)) == [8]
+
+
+def test_a_map_not_tracking_says_so() -> None:
+    m = CopyOnWriteStateMap()
+    m.put(1, NS, 1)
+    with m.snapshot() as plain:
+        assert plain.changes is None
+        with pytest.raises(ValueError, match="not known"):
+            snapshot_changes(plain, NS)
+    with m.snapshot(cut=True) as first:
+        assert first.changes == "untracked"
+        with pytest.raises(ValueError, match="untracked"):
+            snapshot_changes(first, NS)
+    with pytest.raises(TypeError):
+        snapshot_changes(object(), NS)
