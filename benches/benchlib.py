@@ -208,8 +208,8 @@ def _rows() -> list[Row]:
 
 
 def _checkpoint_rows() -> list[Row]:
-    """Figures 20-23 (test_bench_checkpoint.py): durable checkpoints vs pickle of a dict, and
-    an unaligned-style checkpoint's start vs draining first."""
+    """Figures 20-24 (test_bench_checkpoint.py): durable checkpoints vs pickle of a dict, an
+    unaligned-style checkpoint's start vs draining first, and an incremental save vs a full one."""
     n = f"{BIG_LABEL} ValueState + MapState"
     return [
         Row("20", f"full checkpoint save, {n}", "ns/entry", "checkpoint.save", "checkpoint.pickle_dump",
@@ -226,6 +226,10 @@ def _checkpoint_rows() -> list[Row]:
             "checkpoint.async_stall", "checkpoint.stall_limit", "the 20 ms limit", "abs", 20.0),
         Row("23", "unaligned checkpoint start, 10,000 records behind one key", "ms", "checkpoint.unaligned",
             "checkpoint.drain_first", "drain first, then save_async", "abs", 10.0),
+        Row("24", f"incremental save after 1% changed, {n}: time", "ms", "checkpoint.incremental",
+            "checkpoint.incremental_full", "that round's full save", "ratio", 0.05),
+        Row("24", f"incremental save after 1% changed, {n}: bytes", "MB", "checkpoint.incremental_mb",
+            "checkpoint.incremental_full_mb", "that round's full save", "ratio", 0.03),
     ]
 
 

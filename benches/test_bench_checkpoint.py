@@ -1,4 +1,4 @@
-"""Figures 20-23: durable checkpoints of a backend, against pickle of a plain dict.
+"""Figures 20-24: durable checkpoints of a backend, against pickle of a plain dict.
 
 A backend of int keys and int values in a ValueState (``N_BIG``: 2M by default, 10M with
 ``COWMAP_BENCH_FULL=1``) plus a MapState of a tenth as many user entries, checkpointed to a
@@ -12,6 +12,8 @@ round. Entries/s count the ValueState's entries on both sides. The setup is
 22. ``save_async``: records/s of a read-modify-write loop while the checkpoint is written,
     against the same loop with no checkpoint, and the longest gap between 1,000-record slices.
 23. An unaligned-style checkpoint's start with 10,000 records queued behind one key.
+24. An incremental save after 1% of the ValueState's keys and of the MapState's user entries
+    changed (a tenth of those keys removed), against the full save before it: time and bytes.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pytest
 
 from cowmap.bench import checkpoint
 from cowmap.checkpoint import CheckpointStorage
-from cowmap.state import KeyedStateBackend
+from cowmap.state import KeyedStateBackend, ValueStateDescriptor
 
 from benchlib import N_BIG
 
@@ -104,6 +106,40 @@ def test_save_async_keeps_records_flowing(benchmark, figures, big_backend, tmp_p
     figures.record("checkpoint.base_rate", 1e9 / sorted(base)[len(base) // 2])
     figures.record("checkpoint.async_stall", max(stalls))
     figures.record("checkpoint.stall_limit", 20.0)
+
+
+@pytest.mark.benchmark(group="checkpoint")
+def test_incremental_save_after_one_percent(benchmark, figures, big_backend, tmp_path):
+    b, keys, _ = big_backend
+    fulls: list[float] = []
+    full_mb: list[float] = []
+    incs: list[dict] = []
+    rounds = iter(range(1_000))
+
+    def setup():
+        r = next(rounds)
+        storage = CheckpointStorage(tmp_path / f"i{r}")
+        t = time.perf_counter()
+        storage.save(b)
+        fulls.append(time.perf_counter() - t)
+        full_mb.append(os.path.getsize(tmp_path / f"i{r}" / "chk-0000000001.data") / 1e6)
+        removed = checkpoint.change_one_percent(b, keys, N_BIG // 10, seed=r)
+        return (storage, removed), {}
+
+    def incremental(storage, removed):
+        cid = storage.save(b)
+        incs.append(storage.manifest(cid))
+        b.get_state(ValueStateDescriptor("value")).update_many(removed, removed)  # every key again
+
+    benchmark.pedantic(incremental, setup=setup, rounds=ROUNDS, warmup_rounds=0, iterations=1)
+    assert all(m["type"] == "incremental" for m in incs)
+    inc_mb = [m["files"][-1]["size"] / 1e6 for m in incs]
+    figures.record_median("checkpoint.incremental", benchmark, 1, scale=1e3)
+    figures.record("checkpoint.incremental_full", sorted(fulls)[len(fulls) // 2] * 1e3)
+    figures.record("checkpoint.incremental_mb", sorted(inc_mb)[len(inc_mb) // 2])
+    figures.record("checkpoint.incremental_full_mb", sorted(full_mb)[len(full_mb) // 2])
+    for p in tmp_path.iterdir():
+        shutil.rmtree(p)
 
 
 @pytest.mark.benchmark(group="checkpoint")

@@ -69,9 +69,9 @@ CM_ALWAYS_INLINE static inline const uint32_t *cm_tview_slot_at(const cm_tview *
  *
  * The buckets are listed first (a table bit on top of each index), then read
  * as a pipeline: a bucket's slot is requested CM_CH_AHEAD buckets before its
- * head entry is, and that as many again before the chain is walked, so the
- * two cache misses of each changed entry overlap with the others' (they cost
- * nearly all of the time: the changes lie scattered over the whole table). */
+ * head entry is, the head's next entry as many later, and the chain walked as
+ * many after that, so the cache misses of the changed entries overlap (they
+ * cost nearly all of the time: the changes lie scattered over the table). */
 static int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_changes *c, cm_ptrvec *out) {
     uint32_t nclass = c->mask + 1u;
     cm_u32vec todo = {0};
@@ -88,9 +88,9 @@ static int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_change
             }
         }
     }
-    uint32_t heads[2u * CM_CH_AHEAD] = {0};
+    uint32_t heads[4u * CM_CH_AHEAD] = {0};
     size_t n = todo.n / 2u; /* (bucket | table << 31, class) pairs */
-    for (size_t i = 0; i < n + 2u * CM_CH_AHEAD; i++) {
+    for (size_t i = 0; i < n + 3u * CM_CH_AHEAD; i++) {
         if (i < n) { /* request the slot */
             uint32_t t = todo.a[2u * i];
             const uint32_t *slot = cm_tview_slot_at(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
@@ -101,13 +101,18 @@ static int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_change
             uint32_t t = todo.a[2u * j];
             const uint32_t *slot = cm_tview_slot_at(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
             uint32_t h = slot ? *slot : 0u;
-            heads[j % (2u * CM_CH_AHEAD)] = h;
+            heads[j % (4u * CM_CH_AHEAD)] = h;
             if (h) cm_prefetch_hot(m, h);
         }
-        size_t k = i - 2u * CM_CH_AHEAD;
-        if (i >= 2u * CM_CH_AHEAD && k < n) { /* the head has arrived: walk the chain */
+        j = i - 2u * CM_CH_AHEAD;
+        if (i >= 2u * CM_CH_AHEAD && j < n) { /* the head has arrived: request the next entry */
+            uint32_t h = heads[j % (4u * CM_CH_AHEAD)];
+            if (h && cm_E(m, h)->next) cm_prefetch_hot(m, cm_E(m, h)->next);
+        }
+        size_t k = i - 3u * CM_CH_AHEAD;
+        if (i >= 3u * CM_CH_AHEAD && k < n) { /* walk the chain */
             uint32_t cls = todo.a[2u * k + 1u];
-            for (uint32_t e = heads[k % (2u * CM_CH_AHEAD)]; e; e = cm_E(m, e)->next) {
+            for (uint32_t e = heads[k % (4u * CM_CH_AHEAD)]; e; e = cm_E(m, e)->next) {
                 const cm_entry *x = cm_E(m, e);
                 if ((x->hash & c->mask) == cls && cm_ptrvec_push(out, (void *)x) < 0) goto done;
             }
