@@ -115,8 +115,9 @@ typedef struct {
 
 /* What left a map since the last checkpoint cut (incremental checkpoints):
  * each removed entry's hash, key and namespace, their references held (state
- * NULL). `lost`: a removal could not be logged (out of memory), so the
- * changes are incomplete and the next checkpoint must be a full one. */
+ * NULL). `lost`: a removal could not be logged (out of memory, or the log
+ * outgrew its map: cm_gone_add), so the changes are incomplete and the next
+ * checkpoint must be a full one. */
 typedef struct {
     cm_entry *a;
     size_t n, cap;
@@ -365,11 +366,27 @@ static inline int cm_mutable_state(PyObject *o) {
              PyBytes_CheckExact(o) || PyTuple_CheckExact(o) || PyBool_Check(o));
 }
 
-/* Logs removed entry e (its key and namespace, referenced anew). */
-static void cm_gone_add(cm_gonelog *g, const cm_entry *e) {
+/* Gives up a removal log: its references to `grave` (the map's: they may be
+ * the last ones), the log lost. */
+static void cm_gone_drop(cm_gonelog *g, cm_ptrvec *grave) {
+    for (size_t i = 0; i < g->n; i++) {
+        if (!cm_intkey(&g->a[i])) cm_bury(grave, g->a[i].key.obj);
+        cm_bury(grave, g->a[i].ns);
+    }
+    g->n = 0;
+    g->lost = 1;
+}
+
+/* Logs removed entry e (its key and namespace, referenced anew), for a map
+ * of `size` entries. A log that outgrows twice the map (keys written and
+ * removed over and over between two checkpoints) is given up: a full
+ * checkpoint then costs less than its tombstones, and memory stays bounded. */
+static void cm_gone_add(cm_gonelog *g, const cm_entry *e, size_t size, cm_ptrvec *grave) {
+    if (g->lost) return;
+    if (g->n >= 2u * size + 4096u) { cm_gone_drop(g, grave); return; }
     if (g->n == g->cap) {
         cm_entry *na = (cm_entry *)cm_vec_grow(g->a, &g->cap, sizeof(cm_entry));
-        if (!na) { g->lost = 1; return; }
+        if (!na) { cm_gone_drop(g, grave); return; }
         g->a = na;
     }
     cm_entry *d = &g->a[g->n++];

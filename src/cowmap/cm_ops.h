@@ -238,7 +238,7 @@ static int cm_unlink(cm_map *m, cm_table *t, uint32_t b, uint32_t idx, uint32_t 
     }
     if (m->dirty) {
         cm_changed(m, gone->hash);
-        cm_gone_add(&m->gone, gone);
+        cm_gone_add(&m->gone, gone, m->size, &m->grave);
     }
     m->size--;
     m->mod_count++;

@@ -454,7 +454,7 @@ static int fm_delete_at(fm_map *m, fm_seg *s, uint32_t i) {
     uint32_t mask = fm_cap(s) - 1u;
     if (m->tracking) {
         fm_changed(m, s->e[i].hash);
-        cm_gone_add(&m->gone, &s->e[i]);
+        cm_gone_add(&m->gone, &s->e[i], m->size, &m->grave);
     }
     cm_bury_entry(&m->grave, &s->e[i]);
     uint32_t j = i;

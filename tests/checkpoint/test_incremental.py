@@ -231,3 +231,20 @@ def test_a_damaged_base_fails_the_increments_restore(tmp_path: Path) -> None:
         storage.restore(r)
     assert e.value.path.endswith("chk-0000000001.data")
     assert contents(r) == {}
+
+
+def test_a_map_that_lost_its_changes_gives_a_full_checkpoint(tmp_path: Path) -> None:
+    b, v = filled(100)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    b.set_current_key(0)
+    for i in range(6_000):  # written and removed over and over: its removal log is given up
+        v.update(i)
+        v.clear()
+    cid = storage.save(b)
+    assert storage.manifest(cid)["type"] == "full"
+    r = KeyedStateBackend(max_parallelism=32)
+    storage.restore(r)
+    assert contents(r) == contents(b)
+    v.update_many(np.array([1], dtype=np.int64), np.array([9], dtype=np.int64))
+    assert storage.manifest(storage.save(b))["type"] == "incremental"

@@ -114,3 +114,23 @@ def test_a_map_not_tracking_says_so() -> None:
             snapshot_changes(first, NS)
     with pytest.raises(TypeError):
         snapshot_changes(object(), NS)
+
+
+@pytest.mark.parametrize("kind", ["chained", "flat"])
+def test_a_removal_log_that_outgrows_its_map_is_given_up(kind: str) -> None:
+    """Keys written and removed over and over between two cuts: the log stops
+    at twice the map's size (plus a margin) instead of growing without bound,
+    and says its changes are lost; the next cut starts afresh."""
+    m: Any = CopyOnWriteStateMap() if kind == "chained" else FlatStateMap()
+    m.snapshot(cut=True).release()
+    for i in range(6_000):
+        m.put(f"k{i % 3}", NS, i)
+        m.remove(f"k{i % 3}", NS)
+    with m.snapshot(cut=True) as s:
+        assert s.changes == "lost"
+        with pytest.raises(ValueError, match="lost"):
+            snapshot_changes(s, NS)
+    m.put("x", NS, 1)
+    with m.snapshot(cut=True) as s:
+        assert s.changes == "known"
+        assert listed(snapshot_changes(s, NS)[0], 1) == ["x"]
