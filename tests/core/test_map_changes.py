@@ -134,3 +134,57 @@ def test_a_removal_log_that_outgrows_its_map_is_given_up(kind: str) -> None:
     with m.snapshot(cut=True) as s:
         assert s.changes == "known"
         assert listed(snapshot_changes(s, NS)[0], 1) == ["x"]
+
+
+class Key:
+    """A hashable key whose references can be counted."""
+
+    def __hash__(self) -> int:
+        return 17
+
+
+@pytest.mark.parametrize("kind", ["chained", "flat"])
+def test_the_removal_log_lets_go_of_its_keys(kind: str) -> None:
+    import sys
+
+    m: Any = CopyOnWriteStateMap() if kind == "chained" else FlatStateMap()
+    key, ns = Key(), ("a", "namespace")
+    m.snapshot(cut=True).release()
+    before = sys.getrefcount(key), sys.getrefcount(ns)
+    m.put(key, ns, 1)
+    m.remove(key, ns)  # the map lets go, the log holds on
+    s = m.snapshot(cut=True)
+    gone = snapshot_changes(s, NS)[4]
+    assert gone == [key]
+    del gone
+    s.release()
+    assert (sys.getrefcount(key), sys.getrefcount(ns)) == before
+    m.put(key, ns, 1)
+    m.remove(key, ns)
+    del m, s  # a map freed with a log still held (the snapshot object referred to it)
+    assert (sys.getrefcount(key), sys.getrefcount(ns)) == before
+
+
+def test_tracking_memory_is_returned() -> None:
+    import gc
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        for kind in ("chained", "flat"):
+            m: Any = CopyOnWriteStateMap() if kind == "chained" else FlatStateMap()
+            for i in range(200_000):  # the bits of the chained map's cut: 128 KiB
+                m.put(i, NS, i)
+            m.snapshot(cut=True).release()
+            for r in range(3):
+                for i in range(r, 200_000, 7):
+                    m.remove(i, NS)
+                with m.snapshot(cut=True) as s:
+                    snapshot_changes(s, NS)
+            del m, s
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - base < 64 * 1024
+    finally:
+        tracemalloc.stop()
