@@ -4,9 +4,10 @@
  * An incremental checkpoint writes only the entries written or removed since
  * the last one. Finding them must not cost a pass over every entry, so a
  * tracking map keeps a bit per hash class (hash & dmask, four classes per
- * bucket of the larger table at the cut) set by every write, removal and
- * read of a mutable state (cm_changed, at the write sites of every part), and
- * a log of the removed keys (cm_unlink). A cut, taken with a checkpoint's
+ * bucket of the larger table at the cut) set by every write, timestamp
+ * refresh and read of a mutable state (cm_changed, at the write sites of
+ * every part), and a log of the removed keys (cm_unlink; a removal marks no
+ * class). A cut, taken with a checkpoint's
  * snapshot, hands both over and starts afresh; the checkpoint then reads from
  * the snapshot the entries of the marked classes (their buckets only: the
  * cost follows the changes) and writes the log as tombstones. An unchanged

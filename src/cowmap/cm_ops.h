@@ -236,10 +236,9 @@ static int cm_unlink(cm_map *m, cm_table *t, uint32_t b, uint32_t idx, uint32_t 
         if (cm_ev(cm_E(m, prev)) < m->required && !(prev = cm_chain_cow(m, t, b, prev, NULL))) return -1;
         cm_E(m, prev)->next = next;
     }
-    if (m->dirty) {
-        cm_changed(m, gone->hash);
-        cm_gone_add(&m->gone, gone, m->size, &m->grave);
-    }
+    /* a removal is logged, not marked: its tombstone says it all, and the
+     * entry's class need not be read for it */
+    if (m->dirty) cm_gone_add(&m->gone, gone, m->size, &m->grave);
     m->size--;
     m->mod_count++;
     return cm_retire_entry(m, idx);

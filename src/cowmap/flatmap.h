@@ -452,10 +452,7 @@ static inline int fm_over(const fm_seg *s) { return (uint64_t)s->count * 4u > (u
  * of its probe run back. The entry's references go to the grave first. */
 static int fm_delete_at(fm_map *m, fm_seg *s, uint32_t i) {
     uint32_t mask = fm_cap(s) - 1u;
-    if (m->tracking) {
-        fm_changed(m, s->e[i].hash);
-        cm_gone_add(&m->gone, &s->e[i], m->size, &m->grave);
-    }
+    if (m->tracking) cm_gone_add(&m->gone, &s->e[i], m->size, &m->grave); /* logged, not marked (cm_unlink) */
     cm_bury_entry(&m->grave, &s->e[i]);
     uint32_t j = i;
     for (uint32_t k = (j + 1u) & mask; fm_used(&s->e[k]); k = (k + 1u) & mask) {
