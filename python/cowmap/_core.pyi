@@ -290,15 +290,16 @@ def snapshot_changes(
     and namespaces removed. O(changes). ``ValueError`` when the changes are not known."""
 
 def snapshot_columns(
-    snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any
+    snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any, timestamps: bool = True
 ) -> tuple[
     npt.NDArray[np.int64] | list[Any],
     npt.NDArray[np.int64] | list[Any] | None,
     npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
-    npt.NDArray[np.int64],
+    npt.NDArray[np.int64] | None,
 ]:
     """``(keys, namespaces, states, timestamps)`` of every entry of ``snap`` (a chained
     map's in about allocation order, a flat map's in insertion order): keys an int64 array
     when every key is an int64; namespaces None when every one is ``namespace``, an int64
     array when every one is an exact int64; states an int64 / float64 array when every one
-    is an exact int64 / float; otherwise lists. ``RuntimeError`` for a released snapshot."""
+    is an exact int64 / float; otherwise lists; timestamps None unless ``timestamps``.
+    ``RuntimeError`` for a released snapshot."""

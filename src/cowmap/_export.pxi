@@ -5,7 +5,7 @@
 from cpython.mem cimport PyMem_RawMalloc
 
 
-def snapshot_columns(snap, namespace):
+def snapshot_columns(snap, namespace, timestamps=True):
     """``(keys, namespaces, states, timestamps)`` of every entry of ``snap`` (a
     ``StateMapSnapshot``, read in about storage order: the order the map
     allocated its entries in; or a ``FlatMapSnapshot``, read in insertion order):
@@ -15,7 +15,8 @@ def snapshot_columns(snap, namespace):
       int64 array when every one is an exact int that fits in int64, else a list;
     - ``states``: an int64 array when every state is an exact int that fits in
       int64, a float64 array when every one is an exact float, else a list;
-    - ``timestamps``: an int64 array (``NO_TIMESTAMP`` for entries written without one).
+    - ``timestamps``: an int64 array (``NO_TIMESTAMP`` for entries written without one);
+      None when ``timestamps`` is false (a state without TTL: 8 bytes an entry not written).
 
     O(entries) (and a sort of the positions for a flat snapshot), no Python
     object made on the number path. ``RuntimeError`` for a released snapshot,
@@ -39,7 +40,7 @@ def snapshot_columns(snap, namespace):
     keys = np.empty(n, dtype=np.int64)
     nss = np.empty(n, dtype=np.int64)
     states = np.empty(n, dtype=np.int64)
-    ts = np.empty(n, dtype=np.int64)
+    ts = np.empty(n, dtype=np.int64) if timestamps else None
     if n == 0:
         return keys, None, states, ts
     cdef const cm_entry **ents = <const cm_entry **>PyMem_RawMalloc(n * sizeof(void *))
@@ -71,8 +72,12 @@ cdef tuple _entry_columns(const cm_entry **ents, size_t n, namespace, keys, nss,
     import numpy as np
     if n == 0:
         return keys, None, states, ts
-    cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv = ts
-    f = cm_export_numbers(ents, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], &tv[0])
+    cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv
+    cdef int64_t *tp = NULL
+    if ts is not None:
+        tv = ts
+        tp = &tv[0]
+    f = cm_export_numbers(ents, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], tp)
     key_col = keys if f & CM_X_KEYS_INT else cm_export_list(ents, n, 0)
     if f & CM_X_NS_SAME:
         ns_col = None

@@ -84,8 +84,8 @@ static inline int cm_export_int(PyObject *o, int64_t *out) {
 }
 
 /* Keys, namespaces, states and timestamps of ents[0..n) into int64 columns
- * (a float state's bits into states); returns the CM_X_* flags that held. A
- * column whose flags are all off holds garbage. */
+ * (a float state's bits into states; ts may be NULL: not wanted); returns
+ * the CM_X_* flags that held. A column whose flags are all off holds garbage. */
 static int cm_export_numbers(const cm_entry *const *ents, size_t n, const PyObject *ns0, int64_t *keys,
                              int64_t *nss, int64_t *states, int64_t *ts) {
     int f = CM_X_KEYS_INT | CM_X_NS_SAME | CM_X_NS_INT | CM_X_STATES_INT | CM_X_STATES_FLOAT;
@@ -109,7 +109,7 @@ static int cm_export_numbers(const cm_entry *const *ents, size_t n, const PyObje
         } else {
             f &= ~(CM_X_STATES_INT | CM_X_STATES_FLOAT);
         }
-        ts[k] = e->ts;
+        if (ts) ts[k] = e->ts;
     }
     return f;
 }

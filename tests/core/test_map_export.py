@@ -139,3 +139,14 @@ def test_flat_columns_equal_insertion_order_iteration(ops: list[tuple], after: l
     got = list(zip(rows((keys, None, states, ts)), ns_list))
     assert [(k, ns, st_, t) for (k, _, st_, t), ns in got] == expected
     s.release()
+
+
+def test_without_timestamps_the_other_columns_are_the_same() -> None:
+    m = CopyOnWriteStateMap()
+    for i in range(1_000):
+        m.put(i, NS, i * 3, i)
+    with m.snapshot() as s:
+        keys, nss, states, ts = snapshot_columns(s, NS)
+        keys2, nss2, states2, ts2 = snapshot_columns(s, NS, timestamps=False)
+    assert ts2 is None and ts is not None
+    assert keys.tolist() == keys2.tolist() and states.tolist() == states2.tolist() and nss is nss2 is None

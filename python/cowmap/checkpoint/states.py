@@ -185,9 +185,9 @@ def _columns(s: Any, kg: int, raw: tuple[Any, Any, Any, Any] | None = None) -> l
     of the whole snapshot, or of the core columns ``raw`` (its changes)."""
     kind = s.table.kind
     if kind == "map":
-        return _map_columns(s, raw or snapshot_columns(s.maps[kg], NS_MARKER))
+        return _map_columns(s, raw or snapshot_columns(s.maps[kg], NS_MARKER, bool(s.ttl)))
     if type(s.table).export is StateTable.export:
-        return _entry_columns(s, raw or snapshot_columns(s.maps[kg], VOID_NAMESPACE))
+        return _entry_columns(s, raw or snapshot_columns(s.maps[kg], VOID_NAMESPACE, bool(s.ttl)))
     source = s.maps[kg] if raw is None else _Rows(raw)
     return list(zip(*s.table.export(source, s.cleanup_now, s.ttl)))
 
