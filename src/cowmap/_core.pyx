@@ -427,9 +427,9 @@ cdef class CopyOnWriteStateMap:
         With ``cut``, a checkpoint's cut too: the snapshot takes over what
         changed since the previous cut (``snapshot_changes`` reads it; its
         ``changes`` says whether the map was tracking), and the map
-        tracks changes from now on (every later write, removal and read of a
-        mutable state marks its hash class: a store per operation, and a
-        bit per bucket of memory). O(capacity / 64) more."""
+        tracks changes from now on (every later write and read of a mutable
+        state marks its hash class, every removal is logged: a store per
+        operation, and four bits per bucket of memory). O(capacity / 16) more."""
         cdef StateMapSnapshot s = StateMapSnapshot.__new__(StateMapSnapshot)
         cm_snapshot(&self.m, &s.s)
         s._map = self

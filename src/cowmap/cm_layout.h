@@ -163,7 +163,7 @@ typedef struct {
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
     cm_cursor sweep;
     /* Changes since the last checkpoint cut (cm_changes.h), NULL = not tracked:
-     * a bit per hash class (hash & dmask) written or removed since the cut */
+     * a bit per hash class (hash & dmask) written since the cut; removals are in `gone` */
     uint64_t *dirty;
     uint32_t dmask;
     cm_gonelog gone;

@@ -65,8 +65,8 @@ typedef struct {
     uint32_t *pver;    /* per page: map version of its last write */
     fm_copy **copies;  /* per page: saved contents, newest first; NULL until a save */
     cm_entry *e;       /* a slot is empty when its state is NULL */
-    uint64_t *dirty;   /* while the map tracks changes: a bit per home slot written or
-                        * removed since the last checkpoint cut (fm_changed) */
+    uint64_t *dirty;   /* while the map tracks changes: a bit per home slot written
+                        * since the last checkpoint cut (fm_changed) */
 } fm_seg;
 
 /* A directory slot: what a lookup needs of its segment in 8 bytes, its entry
@@ -205,7 +205,7 @@ static void fm_seg_decref(fm_map *m, fm_seg *s) {
 
 static inline size_t fm_dirty_words(const fm_seg *s) { return (fm_cap(s) + 63u) >> 6; }
 
-/* An entry of hash h was (or is about to be) written or removed. A segment
+/* An entry of hash h was (or is about to be) written. A segment
  * without its bits while tracking (out of memory when it was made) loses the
  * changes: the next checkpoint is then a full one. */
 static inline void fm_changed(fm_map *m, uint32_t h) {
