@@ -412,3 +412,29 @@ def test_a_copier_cycle_with_a_live_snapshot_is_collected():
         gc.collect()
         assert ref() is None
     assert [sys.getrefcount(s) for s in states] == before
+
+
+@pytest.mark.parametrize("kept_every", [1, 3, 50])
+def test_insertion_order_whether_the_sequence_is_dense_or_sparse(kept_every: int) -> None:
+    """Ordered reads place each entry by its sequence number when the numbers
+    are dense, and sort them when removals left them sparse: the same order."""
+    m = FlatStateMap()
+    order = [(i * 7919) % 20_000 for i in range(20_000)]
+    for k in order:
+        m.put(k, "n", k)
+    for x, k in enumerate(order):
+        if x % kept_every:
+            m.remove(k, "n")
+    for k in order[:100:7]:  # overwritten: keeps its place (or added again, if removed: last)
+        m.put(k, "n", -k)
+    for k in order[1:100:11]:  # removed and added again: last
+        m.remove(k, "n")
+        m.put(k, "n", k)
+    model = {k: None for x, k in enumerate(order) if x % kept_every == 0}
+    for k in order[:100:7]:
+        model.setdefault(k, None)
+    for k in order[1:100:11]:
+        model.pop(k, None)
+        model[k] = None
+    with m.snapshot() as s:
+        assert [k for k, _, _, _ in s.iter_with_timestamps(insertion_order=True)] == list(model)
