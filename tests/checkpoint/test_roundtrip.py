@@ -322,3 +322,27 @@ def test_full_snapshot_cleanup_leaves_expired_rows_out(tmp_path: Any) -> None:
     r.get_map_state(descs[2])
     storage.restore(r)
     assert contents(r) == expected
+
+
+def test_long_int_columns_are_narrowed_short_ones_not(tmp_path: Any) -> None:
+    """Ints that fit in 32 bits take 4 bytes in a column of 4,096 rows or more;
+    a shorter column stays int64. Both read back the same."""
+    from cowmap.checkpoint.columns import _COL, PICKLE, T_INT32, T_INT64, decode_column, encode_column
+    from cowmap.state import ValueStateDescriptor
+
+    for n, tag in ((5_000, T_INT32), (100, T_INT64)):
+        col = np.arange(n, dtype=np.int64) - n // 2
+        parts = encode_column(col, PICKLE)
+        assert _COL.unpack(bytes(parts[0]))[0] == tag
+        buf = b"".join(bytes(p) for p in parts)
+        back, end = decode_column(memoryview(buf), 0, n, PICKLE)
+        assert end == len(buf) and back.tolist() == col.tolist()
+    src = KeyedStateBackend(max_parallelism=1)  # one key group: long columns
+    v = src.get_state(ValueStateDescriptor("v"))
+    keys = np.arange(6_000, dtype=np.int64)
+    v.update_many(keys, keys - 3_000)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(src)
+    dst = KeyedStateBackend(max_parallelism=1)
+    storage.restore(dst)
+    assert contents(dst) == contents(src)
