@@ -57,12 +57,6 @@ static int cm_cut(cm_map *m, cm_changes *out) {
 
 #define CM_CH_AHEAD 16u /* buckets between requesting a slot and reading it; as far again to its head entry */
 
-/* The address of bucket b's slot in table view v, NULL when its page is empty. */
-CM_ALWAYS_INLINE static inline const uint32_t *cm_tview_slot_at(const cm_tview *v, uint32_t b) {
-    const cm_page *p = v->pages[b >> v->page_shift];
-    return p ? &p->slots[b & ((1u << v->page_shift) - 1u)] : NULL;
-}
-
 /* The entries of snapshot s in the classes marked in c, appended to out
  * (pointers into the map, valid while s is). O(marked classes + their
  * entries); -1 out of memory. Of a table smaller than the classes a class is
@@ -100,8 +94,7 @@ static int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_change
         size_t j = i - CM_CH_AHEAD;
         if (i >= CM_CH_AHEAD && j < n) { /* its slot has arrived: request the head entry */
             uint32_t t = todo.a[2u * j];
-            const uint32_t *slot = cm_tview_slot_at(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
-            uint32_t h = slot ? *slot : 0u;
+            uint32_t h = cm_tview_slot(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
             heads[j % (4u * CM_CH_AHEAD)] = h;
             if (h) cm_prefetch_hot(m, h);
         }

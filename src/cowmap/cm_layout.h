@@ -398,9 +398,9 @@ static void cm_gone_add(cm_gonelog *g, const cm_entry *e, size_t size, cm_ptrvec
     Py_INCREF(e->ns);
 }
 
-/* Drops a log's references (the log itself stays allocated, empty). The
- * objects may run code when freed: call with the map consistent. */
-static void cm_gone_clear(cm_gonelog *g) {
+/* Frees a log and drops its references. The objects may run code when
+ * freed: call with the map consistent. */
+static void cm_gone_free(cm_gonelog *g) {
     size_t n = g->n;
     g->n = 0;
     g->lost = 0;
@@ -408,10 +408,6 @@ static void cm_gone_clear(cm_gonelog *g) {
         if (!cm_intkey(&g->a[i])) Py_DECREF(g->a[i].key.obj);
         Py_DECREF(g->a[i].ns);
     }
-}
-
-static void cm_gone_free(cm_gonelog *g) {
-    cm_gone_clear(g);
     PyMem_RawFree(g->a);
     g->a = NULL;
     g->cap = 0;

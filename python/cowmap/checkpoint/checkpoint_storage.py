@@ -317,15 +317,12 @@ class CheckpointStorage:
             decoded.append((states, blocks, h.get("type") == "incremental"))
         last = readers[-1]
         pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []
-        fresh = _is_empty(backend)
+        fresh = backend.num_entries() == 0
         for states, blocks, incremental in decoded:
             restore_blocks(backend, states, blocks, incremental)
         # from here the maps track changes against this checkpoint: an
         # incremental save may chain to it if the backend now holds exactly it
-        for table in backend._tables.values():
-            for m in table.maps:
-                if m is not None:
-                    m.snapshot(cut=True).release()
+        backend.snapshot(cut=True).release()
         exact = fresh and manifest.get("key_group_range") == [kc.lo, kc.hi]
         backend._chain = (self._key, cid) if exact else None
         return pending
@@ -362,11 +359,6 @@ class CheckpointStorage:
 def _check_backend(backend: Any) -> None:
     if not isinstance(backend, KeyedStateBackend):
         raise TypeError(f"expected a KeyedStateBackend, not {type(backend).__name__}")
-
-
-def _is_empty(backend: KeyedStateBackend) -> bool:
-    """Whether no state of ``backend`` holds an entry. O(maps)."""
-    return all(m is None or not len(m) for t in backend._tables.values() for m in t.maps)
 
 
 def _check_header(backend: KeyedStateBackend, r: DataFileReader) -> None:

@@ -334,6 +334,9 @@ def _remove_rows(table: Any, kg: int, n: int, cols: list[Any]) -> None:
     m = table.maps[kg]
     if m is None:
         return
+    if table.kind != "map" and isinstance(cols[1], tuple):  # one namespace: one compiled call
+        m.remove_many(cols[0] if isinstance(cols[0], np.ndarray) else column_list(cols[0], n), cols[1][0])
+        return
     keys, nss = column_list(cols[0], n), column_list(cols[1], n)
     if table.kind == "map":
         users = table.users[kg]
