@@ -184,7 +184,7 @@ cdef extern from "flatmap.h":
         cm_gonelog gone
     int cm_cut(cm_map *m, cm_changes *out) except -1
     void cm_changes_free(cm_changes *c)
-    int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_changes *c, cm_ptrvec *out) except -1
+    int cm_changed_entries(const cm_map *m, const cm_changes *c, cm_ptrvec *out) except -1
     int fm_cut(fm_map *m, const fm_snap *snap, uint64_t **out, cm_gonelog *gone) except -1
     int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptrvec *out) except -1
     void cm_gone_free(cm_gonelog *g)

@@ -106,8 +106,8 @@ def snapshot_changes(snap, namespace):
     namespaces, states, timestamps, removed_keys, removed_namespaces)``.
 
     The first four are the columns of ``snapshot_columns`` for every entry of
-    ``snap`` written since the previous cut (and a few unchanged neighbours:
-    entries are found by hash class, or home slot); the removed ones are the
+    ``snap`` written since the previous cut (of a flat map, with a few unchanged
+    neighbours: its entries are found by home slot); the removed ones are the
     keys and namespaces removed since then (an int64 array or a list, and None
     when every namespace is ``namespace``), some maybe written again since.
     O(changes), not O(entries). ``ValueError`` when the changes are not known.
@@ -134,7 +134,7 @@ def snapshot_changes(snap, namespace):
     memset(&v, 0, sizeof(v))
     try:
         if cs is not None:
-            cm_changed_entries(&cs._map.m, &cs.s, &cs.ch, &v)
+            cm_changed_entries(&cs._map.m, &cs.ch, &v)
         else:
             fm_changed_entries(&fs.s, fs.bits, &v)
         n = v.n

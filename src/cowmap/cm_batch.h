@@ -363,22 +363,22 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
              * put back): no reference changes hands, neither object is touched */
             hit->sv = m->version;
             hit->ts = bt->ts;
-            cm_changed(m, h);
+            cm_changed(m, e);
             continue;
         }
         Py_INCREF(ns_state);
         if (!hit) {
-            uint32_t w = cm_add_entry(m, &p, &m->primary);
-            if (!w) { cm_grave(m, ns_state); return -1; }
-            hit = cm_E(m, w);
+            e = cm_add_entry(m, &p, &m->primary);
+            if (!e) { cm_grave(m, ns_state); return -1; }
+            hit = cm_E(m, e);
         } else if (cm_ev(hit) < m->required) {
             /* the copy takes the new state: the old one stays with the
              * snapshot's entry, untouched */
             PyObject *own = ns_state;
-            uint32_t w = cm_chain_cow(m, &m->primary, h & cmask, e, &own);
-            if (!w) { if (own) cm_grave(m, own); return -1; }
-            hit = cm_E(m, w);
-            if (!own) { hit->ts = bt->ts; cm_changed(m, h); continue; }
+            e = cm_chain_cow(m, &m->primary, h & cmask, e, &own);
+            if (!e) { if (own) cm_grave(m, own); return -1; }
+            hit = cm_E(m, e);
+            if (!own) { hit->ts = bt->ts; cm_changed(m, e); continue; }
         }
         if (hit->state != ns_state) {
             PyObject *old = hit->state;
@@ -392,7 +392,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
         }
         hit->sv = m->version;
         hit->ts = bt->ts;
-        cm_changed(m, h);
+        cm_changed(m, e);
         if (m->rehash.capacity) return j + 1; /* the insert started a rehash */
     }
     return n;
@@ -459,7 +459,7 @@ static Py_ssize_t cm_batch_read_run(cm_map *m, const cm_keys *ks, const cm_batch
             if (eq < 0) return -1;
             if (eq) { hit = x; break; }
         }
-        if (get && hit && m->dirty && cm_mutable_state(hit->state)) cm_changed(m, hit->hash);
+        if (get && hit && m->dirty && cm_mutable_state(hit->state)) cm_changed(m, cm_index_of(m, *r->slot, hit));
         if (get) PyList_SET_ITEM(bt->out_list, j, hit ? hit->state : Py_None);
         else bt->out_flags[j] = hit != NULL;
     }

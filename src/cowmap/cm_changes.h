@@ -3,15 +3,16 @@
  *
  * An incremental checkpoint writes only the entries written or removed since
  * the last one. Finding them must not cost a pass over every entry, so a
- * tracking map keeps a bit per hash class (hash & dmask, four classes per
- * bucket of the larger table at the cut) set by every write, timestamp
- * refresh and read of a mutable state (cm_changed, at the write sites of
- * every part), and a log of the removed keys (cm_unlink; a removal marks no
- * class). A cut, taken with a checkpoint's
- * snapshot, hands both over and starts afresh; the checkpoint then reads from
- * the snapshot the entries of the marked classes (their buckets only: the
- * cost follows the changes) and writes the log as tombstones. An unchanged
- * entry of a changed one's class goes along: rewriting it is harmless.
+ * tracking map keeps a bit per entry index, set while the entry is live and
+ * has been written, had its timestamp refreshed or its mutable state read
+ * since the cut (cm_changed, at the write sites of every part). A copy of a
+ * marked entry (copy-on-write, rehash) takes its mark; an entry leaving the
+ * live map (cm_retire_entry) drops it; removals go to a log of the removed
+ * keys instead (cm_unlink). So at a cut every marked index is an entry of the
+ * cut's snapshot. A cut, taken with a checkpoint's snapshot, hands the bits
+ * and the log over and starts afresh; the checkpoint then reads the marked
+ * entries in index order (memory order: no slot or chain is read) and writes
+ * the log as tombstones.
  *
  * Compiled only as part of cowmap_core.h, which includes the parts in order.
  */
@@ -21,10 +22,10 @@
 #include "cm_export.h"
 
 /* What a cut hands over: bits NULL when the map was not tracking (then its
- * changes are unknown), else the marked classes and the removed keys. */
+ * changes are unknown), else the marked entries (nbits bits) and the removed keys. */
 typedef struct {
     uint64_t *bits;
-    uint32_t mask;
+    uint32_t nbits;
     cm_gonelog gone;
 } cm_changes;
 
@@ -37,85 +38,28 @@ static void cm_changes_free(cm_changes *c) {
 /* Hands the changes since the last cut to *out and tracks afresh from now:
  * 0, or -1 out of memory (MemoryError set; the map as it was). */
 static int cm_cut(cm_map *m, cm_changes *out) {
-    uint32_t cap = m->primary.capacity > m->rehash.capacity ? m->primary.capacity : m->rehash.capacity;
-    /* four classes per bucket: an unchanged entry sharing a changed one's
-     * bucket goes along only if it also shares its class (at the usual loads
-     * 1 in 7 rows of an increment instead of 2 in 5; the bits cost 1/64 of
-     * the bucket array) */
-    cap = cap < (1u << 29) ? cap * 4u : (1u << 31);
-    if (cap < 64u) cap = 64u;
-    uint64_t *bits = (uint64_t *)PyMem_RawCalloc(cap >> 6, sizeof(uint64_t));
+    /* every index in use, rounded up to whole words (cm_changed grows it later) */
+    uint64_t want = ((uint64_t)m->next_unused + 63u) & ~(uint64_t)63u;
+    uint32_t nbits = want > CM_DIRTY_MOST ? (uint32_t)CM_DIRTY_MOST : (uint32_t)want;
+    uint64_t *bits = (uint64_t *)PyMem_RawCalloc(nbits >> 6, sizeof(uint64_t));
     if (!bits) { PyErr_NoMemory(); return -1; }
     out->bits = m->dirty;
-    out->mask = m->dmask;
+    out->nbits = m->dbits;
     out->gone = m->gone;
     m->dirty = bits;
-    m->dmask = cap - 1u;
+    m->dbits = nbits;
     memset(&m->gone, 0, sizeof m->gone);
     return 0;
 }
 
-#define CM_CH_AHEAD 16u /* buckets between requesting a slot and reading it; as far again to its head entry */
-
-/* The entries of snapshot s in the classes marked in c, appended to out
- * (pointers into the map, valid while s is). O(marked classes + their
- * entries); -1 out of memory. Of a table smaller than the classes a class is
- * part of one bucket, of a larger one every (mask+1)-th bucket from it.
- *
- * The buckets are listed first (a table bit on top of each index), then read
- * as a pipeline: a bucket's slot is requested CM_CH_AHEAD buckets before its
- * head entry is, the head's next entry as many later, and the chain walked as
- * many after that, so the cache misses of the changed entries overlap (they
- * cost nearly all of the time: the changes lie scattered over the table). */
-static int cm_changed_entries(const cm_map *m, const cm_snap *s, const cm_changes *c, cm_ptrvec *out) {
-    uint32_t nclass = c->mask + 1u;
-    cm_u32vec todo = {0};
-    int rc = -1;
-    for (uint32_t w = 0; w < (nclass >> 6); w++) {
-        for (uint64_t bits = c->bits[w]; bits; bits &= bits - 1u) {
-            uint32_t cls = (w << 6) | (uint32_t)__builtin_ctzll(bits);
-            for (uint32_t phase = 0; phase < 2; phase++) {
-                const cm_tview *v = phase == 0 ? &s->primary : &s->rehash;
-                uint32_t lo = phase == 0 ? s->rehash_index : 0u;
-                for (uint32_t b = cls & (v->capacity - 1u); v->capacity && b < v->capacity; b += nclass)
-                    if (b >= lo && (cm_u32vec_push(&todo, b | phase << 31) < 0 || cm_u32vec_push(&todo, cls) < 0))
-                        goto done;
-            }
-        }
-    }
-    uint32_t heads[4u * CM_CH_AHEAD] = {0};
-    size_t n = todo.n / 2u; /* (bucket | table << 31, class) pairs */
-    for (size_t i = 0; i < n + 3u * CM_CH_AHEAD; i++) {
-        if (i < n) { /* request the slot */
-            uint32_t t = todo.a[2u * i];
-            const uint32_t *slot = cm_tview_slot_at(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
-            if (slot) CM_PREFETCH(slot);
-        }
-        size_t j = i - CM_CH_AHEAD;
-        if (i >= CM_CH_AHEAD && j < n) { /* its slot has arrived: request the head entry */
-            uint32_t t = todo.a[2u * j];
-            uint32_t h = cm_tview_slot(t >> 31 ? &s->rehash : &s->primary, t & CM_HMASK);
-            heads[j % (4u * CM_CH_AHEAD)] = h;
-            if (h) cm_prefetch_hot(m, h);
-        }
-        j = i - 2u * CM_CH_AHEAD;
-        if (i >= 2u * CM_CH_AHEAD && j < n) { /* the head has arrived: request the next entry */
-            uint32_t h = heads[j % (4u * CM_CH_AHEAD)];
-            if (h && cm_E(m, h)->next) cm_prefetch_hot(m, cm_E(m, h)->next);
-        }
-        size_t k = i - 3u * CM_CH_AHEAD;
-        if (i >= 3u * CM_CH_AHEAD && k < n) { /* walk the chain */
-            uint32_t cls = todo.a[2u * k + 1u];
-            for (uint32_t e = heads[k % (4u * CM_CH_AHEAD)]; e; e = cm_E(m, e)->next) {
-                const cm_entry *x = cm_E(m, e);
-                if ((x->hash & c->mask) == cls && cm_ptrvec_push(out, (void *)x) < 0) goto done;
-            }
-        }
-    }
-    rc = 0;
-done:
-    PyMem_RawFree(todo.a);
-    return rc;
+/* The entries marked in c (of the snapshot cut with it) appended to out, in
+ * index order (pointers into the map, valid while the snapshot is).
+ * O(marked entries + indices / 64); -1 out of memory. */
+static int cm_changed_entries(const cm_map *m, const cm_changes *c, cm_ptrvec *out) {
+    for (uint32_t w = 0; w < (c->nbits >> 6); w++)
+        for (uint64_t bits = c->bits[w]; bits; bits &= bits - 1u)
+            if (cm_ptrvec_push(out, cm_E(m, (w << 6) | (uint32_t)__builtin_ctzll(bits))) < 0) return -1;
+    return 0;
 }
 
 /* The removed entries' keys into keys[0..g->n) when every key is an int

@@ -186,7 +186,7 @@ static inline int cm_col_rewrite(cm_map *m, uint32_t w, const cm_col *c, Py_ssiz
     if (done) {
         e->sv = m->version;
         e->ts = cm_col_ts(c, i);
-        cm_changed(m, e->hash);
+        cm_changed(m, w);
     }
     return done;
 }
@@ -364,7 +364,7 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
                 if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
                 hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
-                cm_changed(r->m, hit->hash);
+                cm_changed(r->m, cm_index_of(r->m, *r->slot, hit));
             }
             c->status[j] = CM_ROW_LIVE;
         }
@@ -378,7 +378,7 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             c->status[j] |= CM_ROW_TYPED;
             continue;
         }
-        if (r->m->dirty && cm_mutable_state(st)) cm_changed(r->m, hit->hash);
+        if (r->m->dirty && cm_mutable_state(st)) cm_changed(r->m, cm_index_of(r->m, *r->slot, hit));
         Py_INCREF(st);
         c->out[j] = st;
     }

@@ -59,8 +59,10 @@
 /* For helpers made of loads and prefetches only: out of line, GCC deems them
  * pure and deletes their (void) calls as dead code. */
 #define CM_ALWAYS_INLINE __attribute__((always_inline))
+#define CM_NOINLINE __attribute__((noinline))
 #else
 #define CM_ALWAYS_INLINE
+#define CM_NOINLINE
 #define CM_PREFETCH_W(p) ((void)0)
 #define CM_LIKELY(x) (x)
 #define CM_UNLIKELY(x) (x)
@@ -163,9 +165,10 @@ typedef struct {
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
     cm_cursor sweep;
     /* Changes since the last checkpoint cut (cm_changes.h), NULL = not tracked:
-     * a bit per hash class (hash & dmask) written since the cut; removals are in `gone` */
+     * a bit per entry index, set while the entry is live and was written since
+     * the cut (dbits bits, grown on demand); removals are in `gone` */
     uint64_t *dirty;
-    uint32_t dmask;
+    uint32_t dbits;
     cm_gonelog gone;
 } cm_map;
 
@@ -353,11 +356,6 @@ static inline void cm_grave(cm_map *m, PyObject *o) { cm_bury(&m->grave, o); }
 
 static inline void cm_bit_set(uint64_t *bits, uint32_t i) { bits[i >> 6] |= (uint64_t)1 << (i & 63u); }
 
-/* An entry of hash h was (or is about to be) written: its class is changed. */
-static inline void cm_changed(cm_map *m, uint32_t h) {
-    if (m->dirty) cm_bit_set(m->dirty, h & m->dmask);
-}
-
 /* Whether a state handed to a reader may be changed in place by it (anything
  * but the immutable built-ins): such a read counts as a write for the changes
  * since a cut, as the caller may mutate the object without writing it back. */
@@ -411,6 +409,51 @@ static void cm_gone_free(cm_gonelog *g) {
     PyMem_RawFree(g->a);
     g->a = NULL;
     g->cap = 0;
+}
+
+/* The most bits of changes a map keeps: whole words, all but the last 63 indices */
+#define CM_DIRTY_MOST ((((uint64_t)1) << 32) - 64u)
+
+/* The bits grown to hold index i (zeroed); out of memory, the changes are
+ * given up as lost (the next checkpoint is a full one), no error. */
+static CM_NOINLINE void cm_dirty_grow(cm_map *m, uint32_t i) {
+    uint64_t want = (uint64_t)m->dbits * 2u;
+    if (want <= i) want = (uint64_t)i + 1u;
+    want = (want + 63u) & ~(uint64_t)63u;
+    if (want > CM_DIRTY_MOST) want = CM_DIRTY_MOST;
+    uint64_t *nb = i < want ? (uint64_t *)PyMem_RawRealloc(m->dirty, (size_t)(want >> 3)) : NULL;
+    if (!nb) {
+        cm_gone_drop(&m->gone, &m->grave);
+        return;
+    }
+    memset(nb + (m->dbits >> 6), 0, (size_t)((want - m->dbits) >> 3));
+    m->dirty = nb;
+    m->dbits = (uint32_t)want;
+}
+
+/* Entry i (live in the map) was (or is about to be) written. */
+static inline void cm_changed(cm_map *m, uint32_t i) {
+    if (!m->dirty) return;
+    if (CM_UNLIKELY(i >= m->dbits)) {
+        cm_dirty_grow(m, i);
+        if (i >= m->dbits) return; /* lost */
+    }
+    cm_bit_set(m->dirty, i);
+}
+
+/* The index of entry x, on the chain from entry `head` (0 if it is not there). */
+static inline uint32_t cm_index_of(const cm_map *m, uint32_t head, const cm_entry *x) {
+    while (head && cm_E(m, head) != x) head = cm_E(m, head)->next;
+    return head;
+}
+
+/* Entry i leaves the live map (removed, or replaced by its copy). */
+static inline void cm_unchanged(cm_map *m, uint32_t i) {
+    if (m->dirty && i < m->dbits) m->dirty[i >> 6] &= ~((uint64_t)1 << (i & 63u));
+}
+
+static inline int cm_is_changed(const cm_map *m, uint32_t i) {
+    return m->dirty && i < m->dbits && (m->dirty[i >> 6] >> (i & 63u)) & 1u;
 }
 
 #endif /* COWMAP_CM_LAYOUT_H */

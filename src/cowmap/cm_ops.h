@@ -187,7 +187,6 @@ static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
     }
     PyObject *keyobj = p->key;
     m->mod_count++;
-    cm_changed(m, p->hash);
     if (m->size > m->threshold && !m->rehash.capacity && cm_double_capacity(m) < 0) return 0;
     uint32_t i = cm_entry_alloc(m);
     if (!i) return 0;
@@ -210,6 +209,7 @@ static uint32_t cm_add_entry(cm_map *m, const cm_probe *p, cm_table *t) {
     e->hash = p->hash | (p->is_int ? CM_F_INTKEY : 0u);
     e->next = *slot;
     *slot = i;
+    cm_changed(m, i);
     m->size++;
     m->last_ns = ns;
     m->last_ns_entry = i;
@@ -236,8 +236,7 @@ static int cm_unlink(cm_map *m, cm_table *t, uint32_t b, uint32_t idx, uint32_t 
         if (cm_ev(cm_E(m, prev)) < m->required && !(prev = cm_chain_cow(m, t, b, prev, NULL))) return -1;
         cm_E(m, prev)->next = next;
     }
-    /* a removal is logged, not marked: its tombstone says it all, and the
-     * entry's class need not be read for it */
+    /* a removal is logged: its tombstone says it all */
     if (m->dirty) cm_gone_add(&m->gone, gone, m->size, &m->grave);
     m->size--;
     m->mod_count++;
@@ -252,7 +251,7 @@ static inline int cm_state_shared(const cm_map *m, const cm_entry *e) {
  * shared with a snapshot and a copier is set (Flink's get). */
 static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) {
     cm_entry *e = cm_E(m, loc->idx);
-    if (m->dirty && cm_mutable_state(e->state)) cm_changed(m, e->hash);
+    if (m->dirty && cm_mutable_state(e->state)) cm_changed(m, loc->idx); /* a copy below takes the mark */
     if (m->copier && e->state != Py_None && cm_state_shared(m, e)) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
@@ -278,7 +277,7 @@ static PyObject *cm_old_state(cm_map *m, const cm_entry *e) {
 static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t ts) {
     cm_entry *e = cm_E(m, w);
     PyObject *old = e->state;
-    cm_changed(m, e->hash);
+    cm_changed(m, w);
     e->state = state;
     e->sv = m->version;
     e->ts = ts;
@@ -345,7 +344,7 @@ static int cm_set_timestamp(cm_map *m, PyObject *key, PyObject *ns, int64_t ts) 
         if (!loc.found) r = 0;
         else {
             uint32_t w = cm_writable(m, &p, &loc);
-            if (w) { cm_E(m, w)->ts = ts; cm_changed(m, p.hash); r = 1; }
+            if (w) { cm_E(m, w)->ts = ts; cm_changed(m, w); r = 1; }
         }
     }
     cm_leave(m);

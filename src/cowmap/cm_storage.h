@@ -127,7 +127,10 @@ static void cm_entry_free(cm_map *m, uint32_t i) {
     (void)cm_u32vec_add(&m->freed, i);
 }
 
+/* Entry i leaves the live map (removed, or replaced by a copy): freed now, or
+ * kept for the snapshots that still read it. */
 static int cm_retire_entry(cm_map *m, uint32_t i) {
+    cm_unchanged(m, i);
     if (cm_ev(cm_E(m, i)) >= m->required) { cm_entry_free(m, i); return 0; }
     return cm_u32vec_push(&m->snaps[m->nsnaps - 1].ents, i);
 }
@@ -142,6 +145,7 @@ static uint32_t cm_entry_copy(cm_map *m, uint32_t i, PyObject *state) {
     cm_entry *src = cm_E(m, i), *dst = cm_E(m, j);
     *dst = *src;
     dst->ev = m->version;
+    if (cm_is_changed(m, i)) cm_changed(m, j); /* the copy replaces i in the live map */
     if (!cm_intkey(dst)) Py_INCREF(dst->key.obj);
     Py_INCREF(dst->ns);
     if (state) { dst->state = state; dst->sv = m->version; }

@@ -192,7 +192,7 @@ static PyObject *cm_read_touch(cm_map *m, const cm_probe *p, cm_loc *loc, int64_
             if (l2.found) w = cm_writable(m, p, &l2);
             else PyErr_SetString(PyExc_RuntimeError, "entry vanished during a read");
         }
-        if (w) { cm_E(m, w)->ts = ts; cm_changed(m, p->hash); }
+        if (w) { cm_E(m, w)->ts = ts; cm_changed(m, w); }
         else Py_CLEAR(r);
     }
     return r;

@@ -907,8 +907,9 @@ static int fm_seq_cmp(const void *a, const void *b) {
  * fm_cut), into out in insertion order (so a restore that appends the new
  * ones keeps the map's order): each marked home's probe run is read up to its
  * first empty slot. The homes are listed first and their slots requested
- * CM_CH_AHEAD homes before they are read (the changes lie scattered: a cache
+ * FM_CH_AHEAD homes before they are read (the changes lie scattered: a cache
  * miss each). O(marked slots + their runs, and a sort); -1 out of memory. */
+#define FM_CH_AHEAD 16u
 static int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptrvec *out) {
     cm_u32vec todo = {0}; /* (segment, home) pairs */
     int rc = -1;
@@ -922,14 +923,14 @@ static int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptr
                     goto done;
     }
     size_t n = todo.n / 2u;
-    for (size_t i = 0; i < n + CM_CH_AHEAD; i++) {
+    for (size_t i = 0; i < n + FM_CH_AHEAD; i++) {
         if (i < n) {
             const cm_entry *e = &snap->segs[todo.a[2u * i]]->e[todo.a[2u * i + 1u]];
             CM_PREFETCH(e);
             CM_PREFETCH((const char *)e + sizeof(cm_entry) - 1u);
         }
-        size_t k = i - CM_CH_AHEAD;
-        if (i < CM_CH_AHEAD || k >= n) continue;
+        size_t k = i - FM_CH_AHEAD;
+        if (i < FM_CH_AHEAD || k >= n) continue;
         const fm_seg *s = snap->segs[todo.a[2u * k]];
         uint32_t mask = fm_cap(s) - 1u, h = todo.a[2u * k + 1u], at = h;
         do {

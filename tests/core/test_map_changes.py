@@ -45,23 +45,40 @@ def contents(m: Any) -> dict[tuple[Any, Any], Any]:
 
 
 @pytest.mark.parametrize("kind", ["chained", "flat"])
+@pytest.mark.parametrize("copier", [copy_lists, None])
 @settings(max_examples=150, deadline=None)
 @given(ops=OPS, capacity=st.sampled_from([4, 64]))
-def test_changes_rebuild_each_cut_from_the_previous(kind: str, ops: list, capacity: int) -> None:
-    m: Any = (
-        CopyOnWriteStateMap(capacity=capacity, copier=copy_lists)
-        if kind == "chained"
-        else FlatStateMap(copier=copy_lists)
-    )
+def test_changes_rebuild_each_cut_from_the_previous(kind: str, copier: Any, ops: list, capacity: int) -> None:
+    """A cut's changes are read at once or after later writes (as an
+    asynchronous checkpoint reads them), with a copier or without (a state
+    changed in place after a read is then shared with the snapshots)."""
+    m: Any = CopyOnWriteStateMap(capacity=capacity, copier=copier) if kind == "chained" else FlatStateMap(copier=copier)
     held = []
     m.snapshot(cut=True).release()  # tracking from here; the model starts empty
     model: dict[tuple[Any, Any], Any] = {}
+    pending: list[tuple[Any, dict[tuple[Any, Any], Any]]] = []  # (cut, its contents) not read yet
+
+    def read_changes() -> None:
+        for s, expected in pending:
+            assert s.changes == "known"
+            keys, nss, states, _, gone_keys, gone_nss = snapshot_changes(s, NS)
+            n, g = len(states), len(gone_keys)
+            for k, n_ in zip(listed(gone_keys, g), listed(gone_nss, g, NS)):
+                model.pop((k, n_), None)
+            for k, n_, st_ in zip(listed(keys, n), listed(nss, n, NS), listed(states, n)):
+                model[(k, n_)] = list(st_) if isinstance(st_, list) else st_
+            s.release()
+            assert model == expected
+        pending.clear()
+
     for op, key, ns, v in ops + [("cut", 0, NS, 0)]:
         if op == "put":
             m.put(key, ns, v if v % 3 else [v])
         elif op == "remove":
             m.remove(key, ns)
         elif op == "mutate":  # read, then changed in place: never written back
+            if copier is None:
+                read_changes()  # without a copier the snapshots would see the change too
             st_ = m.get(key, ns)
             if isinstance(st_, list):
                 st_.append(v)
@@ -73,16 +90,11 @@ def test_changes_rebuild_each_cut_from_the_previous(kind: str, ops: list, capaci
         elif op == "hold":
             held.append(m.snapshot())
         elif op == "cut":
-            s = m.snapshot(cut=True)
-            assert s.changes == "known"
-            keys, nss, states, _, gone_keys, gone_nss = snapshot_changes(s, NS)
-            n, g = len(states), len(gone_keys)
-            for k, n_ in zip(listed(gone_keys, g), listed(gone_nss, g, NS)):
-                model.pop((k, n_), None)
-            for k, n_, st_ in zip(listed(keys, n), listed(nss, n, NS), listed(states, n)):
-                model[(k, n_)] = list(st_) if isinstance(st_, list) else st_
-            s.release()
-            assert model == contents(m)
+            read_changes()  # a cut's changes are relative to the previous cut's
+            pending.append((m.snapshot(cut=True), contents(m)))
+            if v % 2:
+                read_changes()
+    read_changes()
     for h in held:
         h.release()
 
