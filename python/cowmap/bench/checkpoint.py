@@ -223,9 +223,12 @@ def run(entries: int = 10_000_000, map_entries: int = 1_000_000, repeats: int = 
                 f"(pickle.load {loads[-1]:.2f}s); incremental after 1% changed {incs[-1] * 1000:.0f} ms, "
                 f"{inc_sizes[-1]:,} bytes")
         del plain, bv
-        # whatever garbage the setup left goes now, not in a collection inside the timed loop
-        gc.collect()
         loop_keys = keys[: min(entries, 2_000_000)].tolist()
+        # whatever garbage the setup left goes now, not in a collection inside the timed loop; and
+        # the 2,000,000-key list leaves the young generation, whose next collection (set off by the
+        # writer thread's allocations) would otherwise walk it inside the loop: a 44 ms stall of
+        # the loop's own making
+        gc.collect()
         base_rates, async_rates, stalls = [], [], []
         for r in range(repeats):
             base_rates.append(_async_run(b, None, loop_keys[:200_000])[0])
