@@ -192,7 +192,8 @@ cdef extern from "flatmap.h":
     void cm_gone_ptrs(const cm_gonelog *g, const cm_entry **out)
 
     size_t cm_export_entries(const cm_map *m, const cm_snap *s, const cm_entry **ents, uint64_t *seen, size_t cap)
-    int cm_export_numbers(const cm_entry *const *ents, size_t n, const PyObject *ns0, int64_t *keys,
-                          int64_t *nss, int64_t *states, int64_t *ts)
+    int cm_export_numbers(const cm_entry *const *ents, size_t start, size_t stop, size_t n, const PyObject *ns0,
+                          int64_t *keys, int64_t *nss, int64_t *states, int64_t *ts)
+    int CM_X_ALL
     object cm_export_list(const cm_entry *const *ents, size_t n, int field)
     uint32_t FM_MIN_SHIFT

@@ -19,8 +19,10 @@ def snapshot_columns(snap, namespace, timestamps=True):
       None when ``timestamps`` is false (a state without TTL: 8 bytes an entry not written).
 
     O(entries) (and a sort of the positions for a flat snapshot), no Python
-    object made on the number path. ``RuntimeError`` for a released snapshot,
-    ``TypeError`` for anything else. May run on another thread than the map's writer.
+    object made on the number path. ``RuntimeError`` for a released snapshot
+    (released by another thread during the read-out, too), ``TypeError`` for
+    anything else. May run on another thread than the map's writer; the GIL
+    is let go every few thousand rows, so that writer is not held up long.
     """
     import numpy as np
     cdef size_t n, got = 0, k
@@ -43,41 +45,95 @@ def snapshot_columns(snap, namespace, timestamps=True):
     ts = np.empty(n, dtype=np.int64) if timestamps else None
     if n == 0:
         return keys, None, states, ts
-    cdef const cm_entry **ents = <const cm_entry **>PyMem_RawMalloc(n * sizeof(void *))
-    cdef uint64_t *seen = NULL
-    if ents == NULL:
-        raise MemoryError()
+    cdef const cm_entry **ents = NULL
     try:
         if cs is not None:
-            seen = <uint64_t *>PyMem_RawCalloc((cs._map.m.next_unused + 63) // 64, sizeof(uint64_t))
-            if seen == NULL:
-                raise MemoryError()
-            got = cm_export_entries(&cs._map.m, &cs.s, ents, seen, n)
-        else:
-            order = fm_snap_order(&fs.s, &got)
-            if got == n:
-                for k in range(n):
-                    ents[k] = fm_snap_at(&fs.s, &order[k])
+            ents = _chained_entries(cs, n)
+            return _entry_columns(ents, n, namespace, keys, nss, states, ts, &cs._released)
+        ents = <const cm_entry **>PyMem_RawMalloc(n * sizeof(void *))
+        if ents == NULL:
+            raise MemoryError()
+        order = fm_snap_order(&fs.s, &got)
+        if order == NULL:
+            raise MemoryError()
         if got != n:
             raise RuntimeError(f"snapshot of {n} entries yielded {got}")
-        return _entry_columns(ents, n, namespace, keys, nss, states, ts)
+        return _entry_columns(ents, n, namespace, keys, nss, states, ts, &fs._released, fs, order)
     finally:
         PyMem_RawFree(ents)
-        PyMem_RawFree(seen)
         PyMem_RawFree(order)
 
 
-cdef tuple _entry_columns(const cm_entry **ents, size_t n, namespace, keys, nss, states, ts):
-    """The columns of snapshot_columns from n entries (the arrays of n rows given)."""
+cdef const cm_entry **_chained_entries(StateMapSnapshot cs, size_t n) except NULL:
+    """The n entries of chained snapshot cs, in index order (PyMem_RawFree them)."""
+    cdef const cm_entry **ents = <const cm_entry **>PyMem_RawMalloc(n * sizeof(void *) + 1)
+    if ents == NULL:
+        raise MemoryError()
+    cdef uint64_t *seen = <uint64_t *>PyMem_RawCalloc((cs._map.m.next_unused + 63) // 64, sizeof(uint64_t))
+    if seen == NULL:
+        PyMem_RawFree(ents)
+        raise MemoryError()
+    cdef size_t got = cm_export_entries(&cs._map.m, &cs.s, ents, seen, n)
+    PyMem_RawFree(seen)
+    if got != n:
+        PyMem_RawFree(ents)
+        raise RuntimeError(f"snapshot of {n} entries yielded {got}")
+    return ents
+
+
+# Rows read out between two chances for another thread to take the GIL (about
+# a millisecond: the states read lie scattered), so that a checkpoint written
+# on a thread stalls the thread processing records briefly, whatever the size
+# of a key group.
+cdef enum:
+    EXPORT_SLICE = 16384
+
+
+cdef tuple _entry_columns(const cm_entry **ents, size_t n, namespace, keys, nss, states, ts,
+                          const bint *released, FlatMapSnapshot fs=None, const fm_pos *order=NULL):
+    """The columns of snapshot_columns from n entries (the arrays of n rows
+    given) of a snapshot whose ``_released`` is at ``released`` (NULL: read
+    out at once, the GIL held). Between slices another thread may run: a
+    chained snapshot's entries stay put meanwhile (a write copies them), a
+    flat one's may be moved to a page copy, so with ``order`` each slice of
+    ``ents`` is found anew in flat snapshot ``fs`` first."""
     import numpy as np
     if n == 0:
         return keys, None, states, ts
     cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv
     cdef int64_t *tp = NULL
+    cdef size_t at = 0, stop, k
+    cdef int f = CM_X_ALL
     if ts is not None:
         tv = ts
         tp = &tv[0]
-    f = cm_export_numbers(ents, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], tp)
+    while True:
+        stop = n if released == NULL else min(at + EXPORT_SLICE, n)
+        if order != NULL:
+            for k in range(at, stop):
+                ents[k] = fm_snap_at(&fs.s, &order[k])
+        # (prefetching no further than the entries found)
+        f &= cm_export_numbers(ents, at, stop, n if order == NULL else stop, <PyObject *>namespace,
+                               &kv[0], &nv[0], &sv[0], tp)
+        at = stop
+        if at == n:
+            break
+        with nogil:  # nothing is read meanwhile: a thread waiting for the GIL takes it here
+            pass
+        if released[0]:  # by another thread meanwhile: the entries may be freed
+            raise RuntimeError("the snapshot was released while it was being read out")
+    cdef bint objects = (not f & CM_X_KEYS_INT or not f & (CM_X_NS_SAME | CM_X_NS_INT)
+                         or not f & (CM_X_STATES_INT | CM_X_STATES_FLOAT))
+    if order != NULL and objects:
+        for k in range(n):  # the objects are read now, all at once: found anew (no slice has gone stale)
+            ents[k] = fm_snap_at(&fs.s, &order[k])
+    return _columns_of(f, ents, n, keys, nss, states, ts)
+
+
+cdef tuple _columns_of(int f, const cm_entry **ents, size_t n, keys, nss, states, ts):
+    """The columns of entries ents[0..n) from the number columns filled with
+    flags f: the arrays where their flags held, else lists of the objects."""
+    import numpy as np
     key_col = keys if f & CM_X_KEYS_INT else cm_export_list(ents, n, 0)
     if f & CM_X_NS_SAME:
         ns_col = None
@@ -140,7 +196,7 @@ def snapshot_changes(snap, namespace):
         n = v.n
         upserts = _entry_columns(<const cm_entry **>v.a, n, namespace, np.empty(n, dtype=np.int64),
                                  np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
-                                 np.empty(n, dtype=np.int64))
+                                 np.empty(n, dtype=np.int64), &cs._released if cs is not None else NULL)
         gkeys = np.empty(gone.n, dtype=np.int64)
         if gone.n == 0:
             return upserts + (gkeys, None)

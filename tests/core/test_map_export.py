@@ -150,3 +150,109 @@ def test_without_timestamps_the_other_columns_are_the_same() -> None:
         keys2, nss2, states2, ts2 = snapshot_columns(s, NS, timestamps=False)
     assert ts2 is None and ts is not None
     assert keys.tolist() == keys2.tolist() and states.tolist() == states2.tolist() and nss is nss2 is None
+
+
+@pytest.fixture
+def switch_often() -> Any:
+    """Threads switch at every chance (so at each slice of a read-out)."""
+    import sys
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    yield
+    sys.setswitchinterval(old)
+
+
+@pytest.mark.parametrize("kind", ["chained", "flat"])
+@pytest.mark.parametrize("state", [int, str])
+def test_writes_on_another_thread_during_a_read_out_do_not_reach_it(kind: str, state: type, switch_often: Any) -> None:
+    """A read-out gives other threads the GIL between slices: writes they make
+    meanwhile (entries overwritten, copied on write, new ones added) do
+    not reach the columns, which hold the snapshot's contents."""
+    import threading
+    import time
+
+    from cowmap._core import FlatStateMap
+
+    n = 100_000
+    keys = np.arange(n, dtype=np.int64)
+    m: Any = CopyOnWriteStateMap() if kind == "chained" else FlatStateMap()
+    for k in range(n):
+        m.put(k, NS, state(k * 3))
+    stop = threading.Event()
+    wrote_at: list[float] = []
+
+    def writer() -> None:
+        r = 1
+        while not stop.is_set():
+            for k in range(n - 1, 0, -97):  # from the end: what the read-out comes to last
+                m.put(k, NS, state(-r))
+                wrote_at.append(time.perf_counter())
+            m.put(n + r, NS, r)
+            r += 1
+
+    for _ in range(3):
+        with m.snapshot() as s:
+            t = threading.Thread(target=writer)
+            t.start()
+            try:
+                t0 = time.perf_counter()
+                got_keys, nss, states, _ = snapshot_columns(s, NS, False)
+                t1 = time.perf_counter()
+            finally:
+                stop.set()
+                t.join()
+            stop.clear()
+            assert any(t0 < w < t1 for w in wrote_at)  # the writer did run in the middle
+            wrote_at.clear()
+            order = np.argsort(got_keys)
+            assert nss is None
+            assert np.array_equal(np.asarray(got_keys)[order], keys)
+            assert [state(x) for x in np.asarray(states)[order].tolist()] == [state(x) for x in keys * 3]
+        for k in range(n):  # the snapshot's contents again, for the next round
+            m.put(k, NS, state(k * 3))
+        for k in range(n + 1, n + 10_000):
+            m.remove(k, NS)
+
+
+@pytest.mark.parametrize("kind", ["chained", "flat"])
+def test_a_snapshot_released_by_another_thread_during_its_read_out(kind: str, switch_often: Any) -> None:
+    """Released meanwhile: RuntimeError, or the whole read-out if the release
+    came after it; never a read of freed entries."""
+    import threading
+    import time
+
+    from cowmap._core import FlatStateMap
+
+    n = 300_000
+    m: Any = CopyOnWriteStateMap() if kind == "chained" else FlatStateMap()
+    for k in range(n):
+        m.put(k, NS, k)
+    outcomes = []
+    for r in range(20):
+        s = m.snapshot()
+        for k in range(0, n, 3):  # the snapshot alone holds these entries: its release frees them
+            m.put(k, NS, -k)
+        started = threading.Event()
+
+        def release(s: Any = s, started: threading.Event = started, delay: float = r / 10_000) -> None:
+            started.wait()
+            time.sleep(delay)
+            s.release()
+
+        t = threading.Thread(target=release)
+        t.start()
+        started.set()
+        try:
+            cols = snapshot_columns(s, NS, False)
+        except RuntimeError as e:
+            assert "released" in str(e)
+            outcomes.append("during" if "read out" in str(e) else "before")
+        else:
+            assert sorted(np.asarray(cols[2]).tolist()) == list(range(n))
+            outcomes.append("whole")
+        t.join()
+        s.release()
+        for k in range(0, n, 3):
+            m.put(k, NS, k)
+    assert "during" in outcomes  # the release did come in the middle (20 tries: the scheduler decides)
