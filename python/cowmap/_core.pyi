@@ -302,4 +302,25 @@ def snapshot_columns(
     when every key is an int64; namespaces None when every one is ``namespace``, an int64
     array when every one is an exact int64; states an int64 / float64 array when every one
     is an exact int64 / float; otherwise lists; timestamps None unless ``timestamps``.
-    ``RuntimeError`` for a released snapshot."""
+    ``RuntimeError`` for a released snapshot. One call, the GIL held throughout."""
+
+@final
+class ColumnReader:
+    """``snapshot_columns(snap, namespace, timestamps)`` a slice of rows a call, so a
+    reader on another thread lets the map's writer take the GIL between calls.
+    ``RuntimeError`` if the snapshot is released meanwhile."""
+
+    def __new__(cls, snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any, timestamps: bool = True) -> Self: ...
+    @property
+    def rows(self) -> int: ...
+    def read(self, rows: int) -> bool:
+        """Read up to ``rows`` more rows; True once every row is read."""
+    def columns(
+        self,
+    ) -> tuple[
+        npt.NDArray[np.int64] | list[Any],
+        npt.NDArray[np.int64] | list[Any] | None,
+        npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+        npt.NDArray[np.int64] | None,
+    ]:
+        """The columns of ``snapshot_columns`` once every row is read."""

@@ -19,114 +19,140 @@ def snapshot_columns(snap, namespace, timestamps=True):
       None when ``timestamps`` is false (a state without TTL: 8 bytes an entry not written).
 
     O(entries) (and a sort of the positions for a flat snapshot), no Python
-    object made on the number path. ``RuntimeError`` for a released snapshot
-    (released by another thread during the read-out, too), ``TypeError`` for
-    anything else. May run on another thread than the map's writer; the GIL
-    is let go every few thousand rows, so that writer is not held up long.
+    object made on the number path, in one call (the GIL held throughout:
+    :class:`ColumnReader` reads a slice a call). ``RuntimeError`` for a
+    released snapshot, ``TypeError`` for anything else. May run on another
+    thread than the map's writer.
     """
-    import numpy as np
-    cdef size_t n, got = 0, k
-    cdef StateMapSnapshot cs = None
-    cdef FlatMapSnapshot fs = None
-    cdef fm_pos *order = NULL
-    if type(snap) is StateMapSnapshot:
-        cs = <StateMapSnapshot>snap
-        cs._check()
-        n = cs.s.size
-    elif type(snap) is FlatMapSnapshot:
-        fs = <FlatMapSnapshot>snap
-        fs._check()
-        n = fs.s.size
-    else:
-        raise TypeError(f"expected a StateMapSnapshot or FlatMapSnapshot, not {type(snap).__name__}")
-    keys = np.empty(n, dtype=np.int64)
-    nss = np.empty(n, dtype=np.int64)
-    states = np.empty(n, dtype=np.int64)
-    ts = np.empty(n, dtype=np.int64) if timestamps else None
-    if n == 0:
-        return keys, None, states, ts
-    cdef const cm_entry **ents = NULL
-    try:
-        if cs is not None:
-            ents = _chained_entries(cs, n)
-            return _entry_columns(ents, n, namespace, keys, nss, states, ts, &cs._released)
-        ents = <const cm_entry **>PyMem_RawMalloc(n * sizeof(void *))
-        if ents == NULL:
-            raise MemoryError()
-        order = fm_snap_order(&fs.s, &got)
-        if order == NULL:
-            raise MemoryError()
-        if got != n:
-            raise RuntimeError(f"snapshot of {n} entries yielded {got}")
-        return _entry_columns(ents, n, namespace, keys, nss, states, ts, &fs._released, fs, order)
-    finally:
-        PyMem_RawFree(ents)
-        PyMem_RawFree(order)
+    r = ColumnReader(snap, namespace, timestamps)
+    r.read(r.rows)
+    return r.columns()
 
 
-cdef const cm_entry **_chained_entries(StateMapSnapshot cs, size_t n) except NULL:
-    """The n entries of chained snapshot cs, in index order (PyMem_RawFree them)."""
-    cdef const cm_entry **ents = <const cm_entry **>PyMem_RawMalloc(n * sizeof(void *) + 1)
-    if ents == NULL:
-        raise MemoryError()
+@cython.final
+cdef class ColumnReader:
+    """``snapshot_columns(snap, namespace, timestamps)`` a slice of rows a
+    call, for a reader on another thread than the map's writer: between two
+    calls the writer may take the GIL (a long read-out in one call would hold
+    it up to the end; letting go of the GIL inside the call would not help, as
+    the reader takes it straight back and the writer's wait for it starts over).
+
+    ``read(rows)`` reads up to ``rows`` more and returns whether all are read;
+    ``columns()`` then gives what ``snapshot_columns`` gives. A chained
+    snapshot's entries stay put while the map is written (a write copies
+    them); a flat snapshot's may move to a page copy, so each slice finds its
+    entries anew. ``RuntimeError`` if the snapshot is released meanwhile."""
+    cdef object snap, namespace, keys, nss, states, ts
+    cdef StateMapSnapshot cs
+    cdef FlatMapSnapshot fs
+    cdef const cm_entry **ents
+    cdef fm_pos *order
+    cdef size_t n, at
+    cdef int f
+
+    def __cinit__(self, snap, namespace, timestamps=True):
+        import numpy as np
+        cdef size_t got = 0
+        self.f = CM_X_ALL
+        if type(snap) is StateMapSnapshot:
+            self.cs = <StateMapSnapshot>snap
+            self.cs._check()
+            self.n = self.cs.s.size
+        elif type(snap) is FlatMapSnapshot:
+            self.fs = <FlatMapSnapshot>snap
+            self.fs._check()
+            self.n = self.fs.s.size
+        else:
+            raise TypeError(f"expected a StateMapSnapshot or FlatMapSnapshot, not {type(snap).__name__}")
+        self.snap = snap
+        self.namespace = namespace
+        self.keys = np.empty(self.n, dtype=np.int64)
+        self.nss = np.empty(self.n, dtype=np.int64)
+        self.states = np.empty(self.n, dtype=np.int64)
+        self.ts = np.empty(self.n, dtype=np.int64) if timestamps else None
+        if self.n == 0:
+            return
+        self.ents = <const cm_entry **>PyMem_RawMalloc(self.n * sizeof(void *))
+        if self.ents == NULL:
+            raise MemoryError()
+        if self.cs is not None:
+            got = _chained_entries(self.cs, self.ents, self.n)
+        else:
+            self.order = fm_snap_order(&self.fs.s, &got)
+            if self.order == NULL:
+                raise MemoryError()
+        if got != self.n:
+            raise RuntimeError(f"snapshot of {self.n} entries yielded {got}")
+
+    def __dealloc__(self):
+        PyMem_RawFree(self.ents)
+        PyMem_RawFree(self.order)
+
+    @property
+    def rows(self):
+        return self.n
+
+    cdef int _check(self) except -1:
+        if (self.cs._released if self.cs is not None else self.fs._released):
+            raise RuntimeError("the snapshot was released while it was being read out")
+        return 0
+
+    cdef void _find(self, size_t lo, size_t hi):
+        cdef size_t k
+        for k in range(lo, hi):
+            self.ents[k] = fm_snap_at(&self.fs.s, &self.order[k])
+
+    def read(self, size_t rows):
+        """Read up to ``rows`` more rows; True once every row is read."""
+        cdef size_t stop = min(self.at + rows, self.n)
+        cdef int64_t[::1] kv, nv, sv, tv
+        cdef int64_t *tp = NULL
+        if self.at < stop:
+            self._check()
+            kv, nv, sv = self.keys, self.nss, self.states
+            if self.ts is not None:
+                tv = self.ts
+                tp = &tv[0]
+            if self.order != NULL:
+                self._find(self.at, stop)
+            # (a flat snapshot's entries prefetched no further than those found)
+            self.f &= cm_export_numbers(self.ents, self.at, stop, self.n if self.order == NULL else stop,
+                                        <PyObject *>self.namespace, &kv[0], &nv[0], &sv[0], tp)
+            self.at = stop
+        return self.at == self.n
+
+    def columns(self):
+        """``(keys, namespaces, states, timestamps)`` once every row is read."""
+        if self.at != self.n:
+            raise RuntimeError(f"{self.at} of {self.n} rows read")
+        if self.n == 0:
+            return self.keys, None, self.states, self.ts
+        self._check()
+        cdef int f = self.f
+        if self.order != NULL and (not f & CM_X_KEYS_INT or not f & (CM_X_NS_SAME | CM_X_NS_INT)
+                                   or not f & (CM_X_STATES_INT | CM_X_STATES_FLOAT)):
+            self._find(0, self.n)  # objects to read, all in this call: found anew (a slice may be stale)
+        return _columns_of(f, self.ents, self.n, self.keys, self.nss, self.states, self.ts)
+
+
+cdef size_t _chained_entries(StateMapSnapshot cs, const cm_entry **ents, size_t n) except? 0:
+    """The n entries of chained snapshot cs into ents, in index order; how many there were."""
     cdef uint64_t *seen = <uint64_t *>PyMem_RawCalloc((cs._map.m.next_unused + 63) // 64, sizeof(uint64_t))
     if seen == NULL:
-        PyMem_RawFree(ents)
         raise MemoryError()
     cdef size_t got = cm_export_entries(&cs._map.m, &cs.s, ents, seen, n)
     PyMem_RawFree(seen)
-    if got != n:
-        PyMem_RawFree(ents)
-        raise RuntimeError(f"snapshot of {n} entries yielded {got}")
-    return ents
+    return got
 
 
-# Rows read out between two chances for another thread to take the GIL (about
-# a millisecond: the states read lie scattered), so that a checkpoint written
-# on a thread stalls the thread processing records briefly, whatever the size
-# of a key group.
-cdef enum:
-    EXPORT_SLICE = 16384
-
-
-cdef tuple _entry_columns(const cm_entry **ents, size_t n, namespace, keys, nss, states, ts,
-                          const bint *released, FlatMapSnapshot fs=None, const fm_pos *order=NULL):
-    """The columns of snapshot_columns from n entries (the arrays of n rows
-    given) of a snapshot whose ``_released`` is at ``released`` (NULL: read
-    out at once, the GIL held). Between slices another thread may run: a
-    chained snapshot's entries stay put meanwhile (a write copies them), a
-    flat one's may be moved to a page copy, so with ``order`` each slice of
-    ``ents`` is found anew in flat snapshot ``fs`` first."""
+cdef tuple _numbers_then_columns(const cm_entry **ents, size_t n, namespace):
+    """The columns of snapshot_columns (with timestamps) of entries ents[0..n), in one call."""
     import numpy as np
+    keys, nss, states, ts = (np.empty(n, dtype=np.int64) for _ in range(4))
     if n == 0:
         return keys, None, states, ts
-    cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv
-    cdef int64_t *tp = NULL
-    cdef size_t at = 0, stop, k
-    cdef int f = CM_X_ALL
-    if ts is not None:
-        tv = ts
-        tp = &tv[0]
-    while True:
-        stop = n if released == NULL else min(at + EXPORT_SLICE, n)
-        if order != NULL:
-            for k in range(at, stop):
-                ents[k] = fm_snap_at(&fs.s, &order[k])
-        # (prefetching no further than the entries found)
-        f &= cm_export_numbers(ents, at, stop, n if order == NULL else stop, <PyObject *>namespace,
-                               &kv[0], &nv[0], &sv[0], tp)
-        at = stop
-        if at == n:
-            break
-        with nogil:  # nothing is read meanwhile: a thread waiting for the GIL takes it here
-            pass
-        if released[0]:  # by another thread meanwhile: the entries may be freed
-            raise RuntimeError("the snapshot was released while it was being read out")
-    cdef bint objects = (not f & CM_X_KEYS_INT or not f & (CM_X_NS_SAME | CM_X_NS_INT)
-                         or not f & (CM_X_STATES_INT | CM_X_STATES_FLOAT))
-    if order != NULL and objects:
-        for k in range(n):  # the objects are read now, all at once: found anew (no slice has gone stale)
-            ents[k] = fm_snap_at(&fs.s, &order[k])
+    cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv = ts
+    f = cm_export_numbers(ents, 0, n, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], &tv[0])
     return _columns_of(f, ents, n, keys, nss, states, ts)
 
 
@@ -194,9 +220,7 @@ def snapshot_changes(snap, namespace):
         else:
             fm_changed_entries(&fs.s, fs.bits, &v)
         n = v.n
-        upserts = _entry_columns(<const cm_entry **>v.a, n, namespace, np.empty(n, dtype=np.int64),
-                                 np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
-                                 np.empty(n, dtype=np.int64), &cs._released if cs is not None else NULL)
+        upserts = _numbers_then_columns(<const cm_entry **>v.a, n, namespace)
         gkeys = np.empty(gone.n, dtype=np.int64)
         if gone.n == 0:
             return upserts + (gkeys, None)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cowmap import CopyOnWriteStateMap
-from cowmap._core import NO_TIMESTAMP, snapshot_columns
+from cowmap._core import NO_TIMESTAMP, ColumnReader, snapshot_columns
 
 NS = "ns"
 KEYS = st.one_of(st.integers(-(2**64), 2**64), st.text(max_size=3))
@@ -39,9 +39,34 @@ def canon(rs: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return sorted(rs, key=repr)
 
 
+def read_between(s: Any, m: Any, after: list[tuple], rows_a_call: int, **kw: Any) -> Any:
+    """Read snapshot ``s`` of map ``m`` out a few rows a call, with ``m`` written
+    (``after``'s puts and removes) before each call and after the last."""
+    r = ColumnReader(s, NS, **kw)
+    ops = iter(after)
+
+    def write() -> None:
+        for op, k, ns, st_, ts in ops:
+            if op == "put":
+                m.put(k, ns, st_, ts)
+                return
+            if op == "remove":
+                m.remove(k, ns)
+                return
+
+    write()
+    while not r.read(rows_a_call):
+        write()
+    for _ in after:
+        write()
+    return r.columns()
+
+
 @settings(max_examples=150, deadline=None)
-@given(ops=OPS, after=OPS)
-def test_columns_equal_iteration(ops: list[tuple], after: list[tuple]) -> None:
+@given(ops=OPS, after=OPS, rows_a_call=st.sampled_from([1, 3, 1000]))
+def test_columns_equal_iteration(ops: list[tuple], after: list[tuple], rows_a_call: int) -> None:
+    """Read whole, or a few rows a call with writes in between (as a checkpoint
+    on another thread does): the snapshot's rows, whatever is written after it."""
     m = CopyOnWriteStateMap(capacity=4)
     snaps = []
     for op, k, ns, st_, ts in ops:
@@ -55,13 +80,9 @@ def test_columns_equal_iteration(ops: list[tuple], after: list[tuple]) -> None:
             snaps.pop(0).release()
     s = m.snapshot()
     expected = canon(list(s.iter_with_timestamps()))
-    for op, k, ns, st_, ts in after:  # changes after the snapshot are not seen
-        if op == "put":
-            m.put(k, ns, st_, ts)
-        elif op == "remove":
-            m.remove(k, ns)
-    cols = snapshot_columns(s, NS)
+    cols = read_between(s, m, after, rows_a_call)  # writes after the snapshot are not seen
     assert canon(rows(cols)) == expected
+    assert canon(rows(snapshot_columns(s, NS))) == expected
     keys, nss, states, _ = cols
     if all(type(k) is int and -(2**63) <= k < 2**63 for k, *_ in expected):
         assert isinstance(keys, np.ndarray)
@@ -113,8 +134,8 @@ def test_no_leak_over_repeated_exports() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(ops=OPS, after=OPS)
-def test_flat_columns_equal_insertion_order_iteration(ops: list[tuple], after: list[tuple]) -> None:
+@given(ops=OPS, after=OPS, rows_a_call=st.sampled_from([1, 3, 1000]))
+def test_flat_columns_equal_insertion_order_iteration(ops: list[tuple], after: list[tuple], rows_a_call: int) -> None:
     """A flat map's snapshot comes out in insertion order, exactly as iterating it
     with ``insertion_order=True``; namespaces that are all int64 come as an array."""
     from cowmap._core import FlatStateMap
@@ -128,10 +149,7 @@ def test_flat_columns_equal_insertion_order_iteration(ops: list[tuple], after: l
             m.remove(k, ns)
     s = m.snapshot()
     expected = list(s.iter_with_timestamps(True))
-    for op, k, ns, st_, ts in after:
-        if op == "put":
-            m.put(k, ns, st_, ts)
-    keys, nss, states, ts = snapshot_columns(s, NS)
+    keys, nss, states, ts = read_between(s, m, after, rows_a_call)
     n = len(ts)
     ns_list = [NS] * n if nss is None else (nss.tolist() if isinstance(nss, np.ndarray) else nss)
     if expected and all(type(r[1]) is int for r in expected):
@@ -152,6 +170,14 @@ def test_without_timestamps_the_other_columns_are_the_same() -> None:
     assert keys.tolist() == keys2.tolist() and states.tolist() == states2.tolist() and nss is nss2 is None
 
 
+def read_in_slices(s: Any) -> Any:
+    """Read out a slice a call: another thread may run between two."""
+    r = ColumnReader(s, NS, False)
+    while not r.read(1000):
+        pass
+    return r.columns()
+
+
 @pytest.fixture
 def switch_often() -> Any:
     """Threads switch at every chance (so at each slice of a read-out)."""
@@ -166,7 +192,7 @@ def switch_often() -> Any:
 @pytest.mark.parametrize("kind", ["chained", "flat"])
 @pytest.mark.parametrize("state", [int, str])
 def test_writes_on_another_thread_during_a_read_out_do_not_reach_it(kind: str, state: type, switch_often: Any) -> None:
-    """A read-out gives other threads the GIL between slices: writes they make
+    """A read-out a slice a call lets other threads in between: writes they make
     meanwhile (entries overwritten, copied on write, new ones added) do
     not reach the columns, which hold the snapshot's contents."""
     import threading
@@ -197,7 +223,7 @@ def test_writes_on_another_thread_during_a_read_out_do_not_reach_it(kind: str, s
             t.start()
             try:
                 t0 = time.perf_counter()
-                got_keys, nss, states, _ = snapshot_columns(s, NS, False)
+                got_keys, nss, states, _ = read_in_slices(s)
                 t1 = time.perf_counter()
             finally:
                 stop.set()
@@ -244,10 +270,10 @@ def test_a_snapshot_released_by_another_thread_during_its_read_out(kind: str, sw
         t.start()
         started.set()
         try:
-            cols = snapshot_columns(s, NS, False)
+            cols = read_in_slices(s)
         except RuntimeError as e:
             assert "released" in str(e)
-            outcomes.append("during" if "read out" in str(e) else "before")
+            outcomes.append("during" if "while it was being read out" in str(e) else "before")
         else:
             assert sorted(np.asarray(cols[2]).tolist()) == list(range(n))
             outcomes.append("whole")

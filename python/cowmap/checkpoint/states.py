@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from cowmap._core import NO_TIMESTAMP, column_put, snapshot_changes, snapshot_columns, user_insert_many
+from cowmap._core import NO_TIMESTAMP, ColumnReader, column_put, snapshot_changes, user_insert_many
 from cowmap._requests import replace_all
 from cowmap.checkpoint.columns import PICKLE, Const, Serializer, column_list, encode_column, serializer_name
 from cowmap.checkpoint.fileformat import Section
@@ -185,11 +185,25 @@ def _columns(s: Any, kg: int, raw: tuple[Any, Any, Any, Any] | None = None) -> l
     of the whole snapshot, or of the core columns ``raw`` (its changes)."""
     kind = s.table.kind
     if kind == "map":
-        return _map_columns(s, raw or snapshot_columns(s.maps[kg], NS_MARKER, bool(s.ttl)))
+        return _map_columns(s, raw or _read_out(s.maps[kg], NS_MARKER, bool(s.ttl)))
     if type(s.table).export is StateTable.export:
-        return _entry_columns(s, raw or snapshot_columns(s.maps[kg], VOID_NAMESPACE, bool(s.ttl)))
+        return _entry_columns(s, raw or _read_out(s.maps[kg], VOID_NAMESPACE, bool(s.ttl)))
     source = s.maps[kg] if raw is None else _Rows(raw)
     return list(zip(*s.table.export(source, s.cleanup_now, s.ttl)))
+
+
+#: Rows read out of a map per call: a few milliseconds' work at most, so that a
+#: checkpoint written on a thread holds up the thread processing records (which
+#: takes the GIL between two calls) that long, however big a key group is.
+READ_SLICE = 16384
+
+
+def _read_out(snap: Any, namespace: Any, timestamps: bool) -> tuple[Any, Any, Any, Any]:
+    """``snapshot_columns(snap, namespace, timestamps)``, a slice a call."""
+    r = ColumnReader(snap, namespace, timestamps)
+    while not r.read(READ_SLICE):
+        pass
+    return r.columns()
 
 
 def _entry_columns(s: Any, raw: tuple[Any, Any, Any, Any]) -> list[Any]:
