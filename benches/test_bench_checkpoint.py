@@ -96,7 +96,7 @@ def test_save_async_keeps_records_flowing(benchmark, figures, big_backend, tmp_p
 
     def run():
         base.append(checkpoint._async_run(b, None, loop_keys[:200_000])[0])
-        rate, stall = checkpoint._async_run(b, CheckpointStorage(tmp_path / f"a{next(dirs)}"), loop_keys)
+        rate, stall, _ = checkpoint._async_run(b, CheckpointStorage(tmp_path / f"a{next(dirs)}"), loop_keys)
         rates.append(rate)
         stalls.append(stall)
 

@@ -42,7 +42,7 @@ cdef class ColumnReader:
     snapshot's entries stay put while the map is written (a write copies
     them); a flat snapshot's may move to a page copy, so each slice finds its
     entries anew. ``RuntimeError`` if the snapshot is released meanwhile."""
-    cdef object snap, namespace, keys, nss, states, ts
+    cdef object namespace, keys, nss, states, ts
     cdef StateMapSnapshot cs
     cdef FlatMapSnapshot fs
     cdef const cm_entry **ents
@@ -64,7 +64,6 @@ cdef class ColumnReader:
             self.n = self.fs.s.size
         else:
             raise TypeError(f"expected a StateMapSnapshot or FlatMapSnapshot, not {type(snap).__name__}")
-        self.snap = snap
         self.namespace = namespace
         self.keys = np.empty(self.n, dtype=np.int64)
         self.nss = np.empty(self.n, dtype=np.int64)
@@ -104,7 +103,7 @@ cdef class ColumnReader:
 
     def read(self, size_t rows):
         """Read up to ``rows`` more rows; True once every row is read."""
-        cdef size_t stop = min(self.at + rows, self.n)
+        cdef size_t stop = self.n if rows >= self.n - self.at else self.at + rows
         cdef int64_t[::1] kv, nv, sv, tv
         cdef int64_t *tp = NULL
         if self.at < stop:
