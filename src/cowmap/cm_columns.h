@@ -364,7 +364,7 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
                 if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
                 hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
-                cm_changed(r->m, cm_index_of(r->m, *r->slot, hit));
+                if (r->m->dirty) cm_changed(r->m, cm_index_of(r->m, *r->slot, hit));
             }
             c->status[j] = CM_ROW_LIVE;
         }

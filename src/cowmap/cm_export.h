@@ -23,7 +23,7 @@
 #define CM_X_NS_INT 4       /* every namespace is an exact int that fits in int64 */
 #define CM_X_STATES_INT 8   /* every state is an exact int that fits in int64 */
 #define CM_X_STATES_FLOAT 16 /* every state is an exact float */
-#define CM_X_ALL 31
+#define CM_X_ALL (CM_X_KEYS_INT | CM_X_NS_SAME | CM_X_NS_INT | CM_X_STATES_INT | CM_X_STATES_FLOAT)
 /* entries between requesting a state and reading it (an iteration takes a few ns,
  * a miss ~100: 16 gave 385 ms for 10M entries, 64 gave 340, 128 365) */
 #define CM_X_PREFETCH 64u
