@@ -428,8 +428,8 @@ cdef class CopyOnWriteStateMap:
         changed since the previous cut (``snapshot_changes`` reads it; its
         ``changes`` says whether the map was tracking), and the map
         tracks changes from now on (every later write and read of a mutable
-        state marks its hash class, every removal is logged: a store per
-        operation, and four bits per bucket of memory). O(capacity / 16) more."""
+        state marks its entry, every removal is logged: a store per
+        operation, and a bit per entry of memory). O(entries / 64) more."""
         cdef StateMapSnapshot s = StateMapSnapshot.__new__(StateMapSnapshot)
         cm_snapshot(&self.m, &s.s)
         s._map = self

@@ -42,15 +42,9 @@ static int cm_tview_take(cm_tview *v, const cm_table *t) {
     return 0;
 }
 
-/* The address of bucket b's slot in table view v, NULL when its page is empty. */
-CM_ALWAYS_INLINE static inline const uint32_t *cm_tview_slot_at(const cm_tview *v, uint32_t b) {
-    const cm_page *p = v->pages[b >> v->page_shift];
-    return p ? &p->slots[b & ((1u << v->page_shift) - 1u)] : NULL;
-}
-
 static inline uint32_t cm_tview_slot(const cm_tview *v, uint32_t b) {
-    const uint32_t *slot = cm_tview_slot_at(v, b);
-    return slot ? *slot : 0u;
+    const cm_page *p = v->pages[b >> v->page_shift];
+    return p ? p->slots[b & ((1u << v->page_shift) - 1u)] : 0u;
 }
 
 /* Flink's snapshotMapArrays (version bump and registration included), in

@@ -50,9 +50,8 @@
  *                   one pass (the columnar state calls)
  *   cm_export.h     a snapshot read out whole in storage order, as columns
  *                   (checkpoints)
- *   cm_changes.h    what changed since a checkpoint's cut: the entries of the
- *                   marked hash classes and the removed keys (incremental
- *                   checkpoints)
+ *   cm_changes.h    what changed since a checkpoint's cut: the marked entries
+ *                   and the removed keys (incremental checkpoints)
  */
 #ifndef COWMAP_CORE_H
 #define COWMAP_CORE_H

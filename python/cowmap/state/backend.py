@@ -210,8 +210,8 @@ class KeyedStateBackend:
 
         ``cut``: a checkpoint's cut (what ``cowmap.checkpoint`` takes): the
         snapshot also holds what changed since the previous cut, and the
-        backend's maps track changes from now on (O(capacity / 16) per map
-        more, and four bits per bucket of memory)."""
+        backend's maps track changes from now on (O(entries / 64) per map
+        more, and a bit per entry of memory)."""
         snap = KeyedStateSnapshot(self.max_parallelism, self.key_group_range, self.now())
         if cut:
             self._chain = None  # the changes since the last checkpoint go to this snapshot alone
