@@ -25,6 +25,7 @@ COMPILED = (
     "cowmap._future",
     "cowmap._controller",
     "cowmap._requests",
+    "cowmap._timers",
 )
 
 

@@ -38,6 +38,7 @@ from cowmap.state.map_state import MapState
 from cowmap.state.merging_states import AggregatingState, ReducingState
 from cowmap.state.snapshot import KeyedStateSnapshot
 from cowmap.state.table import VOID_NAMESPACE, State, VoidNamespace
+from cowmap.state.timers import NO_WATERMARK, TimeDomain, TimerService, TimerSnapshot
 from cowmap.state.ttl import StateTtlConfig, StateVisibility, TtlTimeCharacteristic, UpdateType
 from cowmap.state.value_state import ValueState
 
@@ -52,12 +53,16 @@ __all__ = [
     "ListStateDescriptor",
     "MapState",
     "MapStateDescriptor",
+    "NO_WATERMARK",
     "ReducingState",
     "ReducingStateDescriptor",
     "State",
     "StateDescriptor",
     "StateTtlConfig",
     "StateVisibility",
+    "TimeDomain",
+    "TimerService",
+    "TimerSnapshot",
     "TtlTimeCharacteristic",
     "UpdateType",
     "VOID_NAMESPACE",

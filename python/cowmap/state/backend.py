@@ -23,6 +23,7 @@ from cowmap.state.map_state import MapState, MapTable
 from cowmap.state.merging_states import AggregatingState, AggregatingTable, ReducingState, ReducingTable
 from cowmap.state.snapshot import KeyedStateSnapshot
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
+from cowmap.state.timers import TimeDomain, TimerService
 from cowmap.state.value_state import ValueState, ValueTable
 
 __all__ = ["KeyedStateBackend"]
@@ -66,6 +67,7 @@ class KeyedStateBackend:
         "_tables",
         "_views",
         "_chain",
+        "_timers",
         "__weakref__",
     )
 
@@ -98,6 +100,7 @@ class KeyedStateBackend:
         #: (storage, checkpoint id) the changes the maps track since their last
         #: cut are relative to (cowmap.checkpoint's incremental saves), or None
         self._chain: tuple[str, int] | None = None
+        self._timers: dict[str, TimerService] = {}
 
     # ------------------------------------------------------------ key context
 
@@ -184,6 +187,28 @@ class KeyedStateBackend:
         :meth:`get_state` says."""
         return self._register(descriptor, AggregatingStateDescriptor)
 
+    # ------------------------------------------------------------ timers
+
+    def get_timer_service(
+        self, name: str, on_timer: Callable[[int, Any, Any, TimeDomain], object] | None = None
+    ) -> TimerService:
+        """The timer service named ``name`` (Flink's ``InternalTimerService``), made on
+        first use; ``on_timer(ts, key, namespace, domain)`` is what its timers call
+        when they fire (given again, it replaces the one before; a service made by
+        :meth:`restore` has none until then). See :class:`~cowmap.TimerService`. O(1)
+        (O(key groups) the first time)."""
+        if not isinstance(name, str):
+            raise TypeError(f"a timer service's name must be a str, not {type(name).__name__}")
+        svc = self._timers.get(name)
+        if svc is None:
+            svc = self._timers[name] = TimerService(name, self._kc, on_timer, VOID_NAMESPACE, tuple(TimeDomain))
+        elif on_timer is not None:
+            svc.on_timer = on_timer
+        return svc
+
+    def timer_service_names(self) -> list[str]:
+        return list(self._timers)
+
     # ------------------------------------------------------------ whole backend
 
     def state_names(self) -> list[str]:
@@ -217,6 +242,8 @@ class KeyedStateBackend:
             self._chain = None  # the changes since the last checkpoint go to this snapshot alone
         for table in self._tables.values():
             snap._add(table, cut)
+        for name, svc in self._timers.items():
+            snap._timers[name] = svc.snapshot()
         return snap
 
     def restore(self, snapshot: KeyedStateSnapshot) -> None:
@@ -233,7 +260,9 @@ class KeyedStateBackend:
         every state before anything is restored; registering a restored state
         later with another kind or TTL switched raises ``ValueError`` too.
         Another TTL (both on) is fine: entries keep their timestamps and expire
-        by this backend's TTL. O(restored entries).
+        by this backend's TTL. Timers of the owned key groups are added to the
+        timer services of the same names (made if need be); the watermark is not
+        restored. O(restored entries and timers).
         """
         if not isinstance(snapshot, KeyedStateSnapshot):
             raise TypeError(f"expected a KeyedStateSnapshot, not {type(snapshot).__name__}")
@@ -263,6 +292,8 @@ class KeyedStateBackend:
             for kg in sorted(s.maps):
                 if kc.lo <= kg <= kc.hi:
                     table.import_records(kg, snapshot._entries_of(s, kg))
+        for name, timers in snapshot._timers.items():
+            self.get_timer_service(name).restore(timers)
 
     def __del__(self) -> None:
         # the key context and the tables that clean up on every record refer to

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.keygroups import KeyGroupRange
+from cowmap.state.timers import TimeDomain, TimerSnapshot
 
 if TYPE_CHECKING:
     from cowmap.state.table import StateTable
@@ -59,6 +60,8 @@ class KeyedStateSnapshot:
         #: the backend's time when the snapshot was taken (ms)
         self.timestamp = timestamp
         self._states: dict[str, _StateSnapshot] = {}
+        #: per timer service: its timers (copy-on-write per key group)
+        self._timers: dict[str, TimerSnapshot] = {}
         self._released = False
 
     def _add(self, table: StateTable, cut: bool = False) -> None:
@@ -120,6 +123,25 @@ class KeyedStateSnapshot:
         self._check()
         return s.table.export(s.maps[kg], s.cleanup_now, s.ttl)
 
+    def timer_service_names(self) -> list[str]:
+        self._check()
+        return list(self._timers)
+
+    def timers(self, service: str, key_groups: KeyGroupRange | None = None) -> Iterator[tuple[Any, ...]]:
+        """The timers of timer service ``service``, key group by key group:
+        ``(domain, ts, key, namespace)``, in no particular order within a key group."""
+        self._check()
+        try:
+            snap = self._timers[service]
+        except KeyError:
+            raise KeyError(f"no timer service {service!r} in this snapshot (has {sorted(self._timers)})") from None
+        for kg in snap.key_groups():
+            if key_groups is None or kg in key_groups:
+                for domain in TimeDomain:
+                    ts, keys, nss = snap.columns(kg, domain)
+                    for i in range(len(keys)):
+                        yield domain, int(ts[i]), keys[i], nss[i]
+
     def _release_key_group(self, kg: int) -> None:
         """Release the part of key group ``kg`` early (a checkpoint writer done
         with it), so the backend stops copying that key group's writes. O(states)."""
@@ -136,6 +158,8 @@ class KeyedStateSnapshot:
         for s in self._states.values():
             for snap in s.maps.values():
                 snap.release()
+        for timers in self._timers.values():
+            timers.release()
 
     def __enter__(self) -> KeyedStateSnapshot:
         self._check()
