@@ -204,7 +204,7 @@ def _rows() -> list[Row]:
         Row("6", "1st put after snapshot, 1M, put loop", "ns/op", "cow.put.snapshot", "cow.put.plain", "same put loop, no snapshot", "ratio", 3.0),
         Row("6", "1st put after snapshot, 1M, put_many", "ns/key", "cow.put_many.snapshot", "cow.put_many.plain", "same put_many, no snapshot", "ratio", 3.0),
     ]
-    return rows + _state_rows() + _async_rows() + _columnar_rows() + _checkpoint_rows()
+    return rows + _state_rows() + _async_rows() + _columnar_rows() + _checkpoint_rows() + _timer_rows()
 
 
 def _checkpoint_rows() -> list[Row]:
@@ -231,6 +231,21 @@ def _checkpoint_rows() -> list[Row]:
         Row("24", f"incremental save after 1% changed, {n}: bytes", "MB", "checkpoint.incremental_mb",
             "checkpoint.incremental_full_mb", "that round's full save", "ratio", 0.03),
     ]
+
+
+def _timer_rows() -> list[Row]:
+    """Figures 25-28 (test_bench_timers.py): 1M event-time timers over 100k keys vs heapq + dict."""
+    rows = []
+    for fig, f, label, unit, limit in (
+        ("25", "register_ns", "register a timer", "ns/timer", 300.0),
+        ("26", "delete_ns", "delete a timer", "ns/timer", 400.0),
+        ("27", "fire_ns", "fire a timer (advance_watermark)", "ns/timer", 300.0),
+        ("28", "bytes_per_timer", "memory per timer, keys excluded", "B", 64.0),
+    ):
+        alt = "heapq + dict, same semantics"
+        rows.append(Row(fig, f"{label}, 1M timers/100k keys", unit, f"timers.{f}", f"timers.heapq_{f}", alt, "abs", limit))
+        rows.append(Row(fig, f"{label}, 1M timers/100k keys", unit, f"timers.{f}", f"timers.heapq_{f}", alt, "ratio", 1.0))
+    return rows
 
 
 def _columnar_rows() -> list[Row]:

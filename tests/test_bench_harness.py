@@ -1,5 +1,6 @@
 """The README's main job, ``python -m cowmap.bench``, runs end to end (tiny size)."""
 
+import re
 import subprocess
 import sys
 
@@ -183,3 +184,26 @@ def test_columnar_flags_are_validated() -> None:
     proc = subprocess.run([sys.executable, "-m", "cowmap.bench", "columnar", "--rows", "5"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "--rows must be >=" in proc.stderr
+
+
+def test_timers_scenario_prints_figures_against_heapq(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["timers", "--timer-keys", "300", "--timers-per-key", "3", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    for label in ("register", "delete", "fire", "memory"):
+        assert re.search(rf"^  {label} .*heapq \+ dict .*x \((met|NOT met)\)$", out, re.M), out
+
+
+def test_heapq_alternative_has_the_same_semantics() -> None:
+    from cowmap.bench.timers import HeapqTimers
+
+    fired: list[tuple[int, object]] = []
+    h = HeapqTimers(lambda ts, key, ns: fired.append((ts, key)))
+    for key, ts in [("a", 3), ("b", 1), ("a", 3), ("c", 2)]:
+        h.register(key, ts)
+    h.delete("c", 2)
+    h.register("c", 2)  # registered again after a delete: fires once
+    h.delete("b", 9)  # none: no-op
+    assert len(h) == 3
+    assert h.advance_watermark(2) == 2 and h.advance_watermark(1) == 0
+    assert h.advance_watermark(5) == 1
+    assert fired == [(1, "b"), (2, "c"), (3, "a")]

@@ -10,9 +10,12 @@
  * A key group's timers sit in a block: a 1-based heap array of cm_timer
  * (timestamp, key, namespace, hash, dedup slot; 32 bytes). A timer is one
  * per (key, namespace, timestamp): an open-addressing table per key group
- * (linear probing, backward-shift deletion) maps the timer's hash to its heap
- * position, and each timer records its table slot, so a delete finds its
- * timer in O(1) and a sift keeps the table right as timers move.
+ * (linear probing, backward-shift deletion, at most 3/4 full) maps the
+ * timer's hash to its heap position, and each timer records its table slot,
+ * so a delete finds its timer in O(1) and a sift keeps the table right as
+ * timers move. A slot holds the hash next to the position, so a probe reads
+ * the heap only for a timer whose whole 32-bit hash matches (the heap is the
+ * cache miss; the slots of a probe run share a cache line).
  *
  * Snapshots share blocks: a block has a reference count, a snapshot takes a
  * reference, and the queue copies a shared block before its first change
@@ -47,7 +50,7 @@ typedef struct {
 
 typedef struct {
     cm_tblock *b;        /* NULL: no timers (yet) */
-    uint32_t *slots;     /* dedup table: heap position, 0 = free; NULL when empty */
+    uint64_t *slots;     /* dedup table: hash << 32 | heap position, 0 = free; NULL when empty */
     uint32_t mask;       /* slots has mask + 1 entries */
     uint32_t pos;        /* position of this key group in the heap of heaps */
 } cm_kgq;
@@ -60,6 +63,9 @@ typedef struct {
 } cm_tqueue;
 
 #define CM_TQ_EMPTY(q, i) ((q)->kg[i].b == NULL || (q)->kg[i].b->size == 0)
+#define CM_SLOT(h, pos) (((uint64_t)(h) << 32) | (pos))
+#define CM_SLOT_POS(e) ((uint32_t)(e))
+#define CM_SLOT_HASH(e) ((uint32_t)((e) >> 32))
 
 static inline uint32_t cm_timer_hash(Py_hash_t hk, Py_hash_t hn, int64_t ts)
 {
@@ -138,7 +144,7 @@ static void cm_tq_free(cm_tqueue *q)
 static inline void cm_kg_place(cm_kgq *g, uint32_t pos, cm_timer *t)
 {
     g->b->t[pos] = *t;
-    g->slots[t->slot] = pos;
+    g->slots[t->slot] = CM_SLOT(t->hash, pos);
 }
 
 static void cm_kg_sift_up(cm_kgq *g, uint32_t pos)
@@ -177,15 +183,15 @@ static void cm_kg_unslot(cm_kgq *g, uint32_t s)
     cm_timer *h = g->b->t;
     for (;;) {
         j = (j + 1) & mask;
-        uint32_t p = g->slots[j];
-        if (p == 0)
+        uint64_t e = g->slots[j];
+        if (e == 0)
             break;
-        uint32_t home = h[p].hash & mask;
+        uint32_t home = CM_SLOT_HASH(e) & mask;
         /* the timer at j stays if its home lies cyclically in (i, j] */
         if (i <= j ? (i < home && home <= j) : (i < home || home <= j))
             continue;
-        g->slots[i] = p;
-        h[p].slot = i;
+        g->slots[i] = e;
+        h[CM_SLOT_POS(e)].slot = i;
         i = j;
     }
     g->slots[i] = 0;
@@ -228,25 +234,25 @@ static int cm_kg_reserve(cm_kgq *g)
             g->b = nb;
         }
     }
-    /* the table: at most half full */
-    if (g->slots == NULL || (size_t)(size + 1) * 2 > (size_t)g->mask + 1) {
-        uint32_t n = g->slots == NULL ? 8 : (g->mask + 1) * 2;
-        while ((size_t)(size + 1) * 2 > n)
+    /* the table: at most 3/4 full */
+    if (g->slots == NULL || (size_t)(size + 1) * 4 > (size_t)(g->mask + 1) * 3) {
+        size_t n = g->slots == NULL ? 8 : ((size_t)g->mask + 1) * 2;
+        while ((size_t)(size + 1) * 4 > n * 3)
             n *= 2;
-        uint32_t *slots = (uint32_t *)PyMem_RawCalloc(n, sizeof(uint32_t));
+        uint64_t *slots = (uint64_t *)PyMem_RawCalloc(n, sizeof(uint64_t));
         if (slots == NULL) {
             PyErr_NoMemory();
             return -1;
         }
         PyMem_RawFree(g->slots);
         g->slots = slots;
-        g->mask = n - 1;
+        g->mask = (uint32_t)(n - 1);
         cm_timer *h = g->b->t;
         for (uint32_t p = 1; p <= size; p++) {
             uint32_t s = h[p].hash & g->mask;
             while (slots[s] != 0)
                 s = (s + 1) & g->mask;
-            slots[s] = p;
+            slots[s] = CM_SLOT(h[p].hash, p);
             h[p].slot = s;
         }
     }
@@ -273,13 +279,14 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
     }
     uint32_t s = h & g->mask;
     for (;;) {
-        uint32_t p = g->slots[s];
-        if (p == 0) {
+        uint64_t e = g->slots[s];
+        if (e == 0) {
             *free_slot = s;
             return 0;
         }
+        uint32_t p = CM_SLOT_POS(e);
         cm_timer *t = &g->b->t[p];
-        if (t->hash == h && t->ts == ts) {
+        if (CM_SLOT_HASH(e) == h && t->ts == ts) {
             PyObject *tkey = t->key, *tns = t->ns;
             int eq = 1;
             if (tkey != key) {
@@ -289,7 +296,7 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
             }
             if (eq < 0)
                 return -1;
-            if (g->slots == NULL || g->slots[s] != p || g->b->t[p].ns != tns)
+            if (g->slots == NULL || g->slots[s] != e || g->b->t[p].ns != tns)
                 return -2;
             if (eq) {
                 if (tns != ns) {
@@ -299,7 +306,7 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
                 }
                 if (eq < 0)
                     return -1;
-                if (g->slots == NULL || g->slots[s] != p || g->b->t[p].ns != tns)
+                if (g->slots == NULL || g->slots[s] != e || g->b->t[p].ns != tns)
                     return -2;
                 if (eq)
                     return p;
@@ -417,7 +424,7 @@ static int cm_tq_add(cm_tqueue *q, uint32_t g, int64_t ts, PyObject *key, PyObje
     cm_kg_place(kg, pos, &t);
     cm_kg_sift_up(kg, pos);
     q->count++;
-    if (kg->slots[s] == 1)  /* a new head of its key group */
+    if (CM_SLOT_POS(kg->slots[s]) == 1)  /* a new head of its key group */
         cm_hoh_adjust(q, g);
     return 1;
 }

@@ -7,7 +7,8 @@ the compiled map's get/put/snapshot vs a dict; ``snapshot`` -- snapshot start an
 state size with updates running; ``columnar`` -- a pandas UDF's batches (1M rows over 200k keys in
 calls of 10k) through the columnar state calls vs the per-record loop vs a pandas Series;
 ``checkpoint`` -- durable checkpoints of a 10M-entry ValueState + 1M-entry MapState (save,
-restore, save_async) vs pickle of a plain dict.
+restore, save_async) vs pickle of a plain dict; ``timers`` -- register, delete and fire 1M
+event-time timers over 100k keys vs ``heapq`` + a dict.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 
-SCENARIOS = ("ttl", "core", "snapshot", "columnar", "checkpoint")
+SCENARIOS = ("ttl", "core", "snapshot", "columnar", "checkpoint", "timers")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -91,6 +92,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--entries", type=int, default=10_000_000, help="ValueState entries (default 10,000,000)")
     q.add_argument("--map-entries", type=int, default=1_000_000, help="MapState entries (default 1,000,000)")
     q.add_argument("--dir", default=None, help="where to write (default: the system's temporary directory)")
+    m = p.add_argument_group("timers scenario")
+    m.add_argument("--timer-keys", type=int, default=100_000, help="keys (default 100,000)")
+    m.add_argument("--timers-per-key", type=int, default=10, help="timers per key (default 10)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats; the median is shown (default 5)")
     return p
 
@@ -156,6 +160,17 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(checkpoint.report(res)))
         if args.out:
             report.write_json(args.out, {"scenario": "checkpoint", "format": 1, "result": res})
+            print(f"wrote {args.out}")
+        return 0
+    if args.scenario == "timers":
+        from cowmap.bench import report, timers
+
+        if args.timer_keys < 1 or args.timers_per_key < 1:
+            parser.error("--timer-keys and --timers-per-key must be >= 1")
+        res = timers.run(repeats, args.timer_keys, args.timers_per_key)
+        print("\n".join(timers.report(res)))
+        if args.out:
+            report.write_json(args.out, {"scenario": "timers", "format": 1, "result": res})
             print(f"wrote {args.out}")
         return 0
     if args.n is not None:
