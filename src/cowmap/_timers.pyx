@@ -27,7 +27,7 @@ cdef extern from "timerqueue.h":
     ctypedef struct cm_tblock:
         Py_ssize_t refs
         uint32_t size
-        cm_timer t[1]
+    cm_timer *CM_HEAP(cm_tblock *b)
     ctypedef struct cm_kgq:
         cm_tblock *b
     ctypedef struct cm_tqueue:
@@ -308,7 +308,7 @@ cdef class TimerService:
             g = &self._q[d].kg[k]
             if g.b != NULL:
                 for i in range(1, g.b.size + 1):
-                    out.append((g.b.t[i].ts, <object>g.b.t[i].key, <object>g.b.t[i].ns))
+                    out.append((CM_HEAP(g.b)[i].ts, <object>CM_HEAP(g.b)[i].key, <object>CM_HEAP(g.b)[i].ns))
         return out
 
     def snapshot(self):
@@ -490,9 +490,9 @@ cdef class TimerSnapshot:
         keys = [None] * b.size
         nss = [None] * b.size
         for i in range(b.size):
-            tv[i] = b.t[i + 1].ts
-            keys[i] = <object>b.t[i + 1].key
-            nss[i] = <object>b.t[i + 1].ns
+            tv[i] = CM_HEAP(b)[i + 1].ts
+            keys[i] = <object>CM_HEAP(b)[i + 1].key
+            nss[i] = <object>CM_HEAP(b)[i + 1].ns
         return ts, keys, nss
 
     cdef int _check(self) except -1:

@@ -33,6 +33,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "hugealloc.h"
+
 typedef struct {
     int64_t ts;
     PyObject *key;       /* strong */
@@ -41,12 +43,17 @@ typedef struct {
     uint32_t slot;       /* this timer's slot in its key group's dedup table */
 } cm_timer;
 
+/* A block's header takes the place of timer 0 (the heap is 1-based), so
+ * timer i lies 32 * i bytes in and siblings 2k, 2k + 1 share a cache line. */
 typedef struct {
     Py_ssize_t refs;     /* the queue and the snapshots that share it */
-    uint32_t size;       /* timers, in t[1..size] */
-    uint32_t cap;        /* t has cap + 1 elements */
-    cm_timer t[];
+    uint32_t size;       /* timers, at CM_HEAP(b)[1..size] */
+    uint32_t cap;        /* room for cap timers: the block has 32 * (cap + 1) bytes, a power of two */
+    char pad[16];
 } cm_tblock;
+
+#define CM_HEAP(b) ((cm_timer *)(b))
+#define CM_BLOCK_BYTES(cap) (((size_t)(cap) + 1) * sizeof(cm_timer))
 
 typedef struct {
     cm_tblock *b;        /* NULL: no timers (yet) */
@@ -81,20 +88,23 @@ static void cm_block_decref(cm_tblock *b)
 {
     if (b == NULL || --b->refs > 0)
         return;
+    cm_timer *h = CM_HEAP(b);
     for (uint32_t i = 1; i <= b->size; i++) {
-        Py_DECREF(b->t[i].key);
-        Py_DECREF(b->t[i].ns);
+        Py_DECREF(h[i].key);
+        Py_DECREF(h[i].ns);
     }
-    PyMem_RawFree(b);
+    /* no pages given back: blocks of this size are wanted again as key groups grow */
+    cm_ha_free_ex(b, CM_BLOCK_BYTES(b->cap), 0);
 }
 
+/* Blocks and tables come from the huge-page block allocator: a sift or a
+ * probe in a big queue misses the cache on every level, and on 4 KiB pages
+ * the TLB too. */
 static cm_tblock *cm_block_new(uint32_t cap)
 {
-    cm_tblock *b = (cm_tblock *)PyMem_RawMalloc(sizeof(cm_tblock) + ((size_t)cap + 1) * sizeof(cm_timer));
-    if (b == NULL) {
-        PyErr_NoMemory();
+    cm_tblock *b = (cm_tblock *)cm_ha_alloc(CM_BLOCK_BYTES(cap), 0);
+    if (b == NULL)
         return NULL;
-    }
     b->refs = 1;
     b->size = 0;
     b->cap = cap;
@@ -128,7 +138,7 @@ static void cm_tq_free(cm_tqueue *q)
     if (q->kg != NULL) {
         for (uint32_t i = 0; i < q->nkg; i++) {
             cm_block_decref(q->kg[i].b);
-            PyMem_RawFree(q->kg[i].slots);
+            cm_ha_free(q->kg[i].slots, ((size_t)q->kg[i].mask + 1) * sizeof(uint64_t));
         }
     }
     PyMem_RawFree(q->kg);
@@ -143,13 +153,13 @@ static void cm_tq_free(cm_tqueue *q)
 
 static inline void cm_kg_place(cm_kgq *g, uint32_t pos, cm_timer *t)
 {
-    g->b->t[pos] = *t;
+    CM_HEAP(g->b)[pos] = *t;
     g->slots[t->slot] = CM_SLOT(t->hash, pos);
 }
 
 static void cm_kg_sift_up(cm_kgq *g, uint32_t pos)
 {
-    cm_timer *h = g->b->t, cur = h[pos];
+    cm_timer *h = CM_HEAP(g->b), cur = h[pos];
     uint32_t parent = pos >> 1;
     while (parent > 0 && cur.ts < h[parent].ts) {
         cm_kg_place(g, pos, &h[parent]);
@@ -161,7 +171,7 @@ static void cm_kg_sift_up(cm_kgq *g, uint32_t pos)
 
 static void cm_kg_sift_down(cm_kgq *g, uint32_t pos)
 {
-    cm_timer *h = g->b->t, cur = h[pos];
+    cm_timer *h = CM_HEAP(g->b), cur = h[pos];
     uint32_t n = g->b->size, child = pos << 1;
     if (child + 1 <= n && h[child + 1].ts < h[child].ts)
         child++;
@@ -180,7 +190,7 @@ static void cm_kg_sift_down(cm_kgq *g, uint32_t pos)
 static void cm_kg_unslot(cm_kgq *g, uint32_t s)
 {
     uint32_t mask = g->mask, i = s, j = s;
-    cm_timer *h = g->b->t;
+    cm_timer *h = CM_HEAP(g->b);
     for (;;) {
         j = (j + 1) & mask;
         uint64_t e = g->slots[j];
@@ -205,49 +215,44 @@ static int cm_kg_reserve(cm_kgq *g)
     cm_tblock *b = g->b;
     uint32_t size = b ? b->size : 0;
     if (b == NULL || b->refs > 1 || size == b->cap) {
-        uint32_t cap = b == NULL ? 4 : (size < b->cap ? b->cap : b->cap + (b->cap >> 1) + 2);
-        if (cap < size + 1 || cap > (uint32_t)0x7FFFFFF0) {
+        /* capacities 2^j - 1: blocks of a power-of-two size */
+        uint32_t cap = b == NULL ? 3 : (size < b->cap ? b->cap : b->cap * 2 + 1);
+        if (cap < size + 1 || cap > (uint32_t)0x7FFFFFF) {
             PyErr_SetString(PyExc_OverflowError, "too many timers in one key group");
             return -1;
         }
-        if (b != NULL && b->refs == 1) {
-            cm_tblock *nb = (cm_tblock *)PyMem_RawRealloc(b, sizeof(cm_tblock) + ((size_t)cap + 1) * sizeof(cm_timer));
-            if (nb == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            nb->cap = cap;
-            g->b = nb;
-        } else {
-            cm_tblock *nb = cm_block_new(cap);
-            if (nb == NULL)
-                return -1;
-            if (b != NULL) {
-                memcpy(&nb->t[1], &b->t[1], (size_t)size * sizeof(cm_timer));
-                nb->size = size;
+        cm_tblock *nb = cm_block_new(cap);
+        if (nb == NULL)
+            return -1;
+        if (b != NULL) {
+            memcpy(&CM_HEAP(nb)[1], &CM_HEAP(b)[1], (size_t)size * sizeof(cm_timer));
+            nb->size = size;
+            if (b->refs > 1) {  /* a snapshot keeps the old block: the new one needs its own references */
+                cm_timer *h = CM_HEAP(nb);
                 for (uint32_t i = 1; i <= size; i++) {
-                    Py_INCREF(nb->t[i].key);
-                    Py_INCREF(nb->t[i].ns);
+                    Py_INCREF(h[i].key);
+                    Py_INCREF(h[i].ns);
                 }
-                b->refs--;  /* a snapshot still holds it */
+                b->refs--;
+            } else {  /* the references move with the timers */
+                cm_ha_free_ex(b, CM_BLOCK_BYTES(b->cap), 0);
             }
-            g->b = nb;
         }
+        g->b = nb;
     }
     /* the table: at most 3/4 full */
     if (g->slots == NULL || (size_t)(size + 1) * 4 > (size_t)(g->mask + 1) * 3) {
         size_t n = g->slots == NULL ? 8 : ((size_t)g->mask + 1) * 2;
         while ((size_t)(size + 1) * 4 > n * 3)
             n *= 2;
-        uint64_t *slots = (uint64_t *)PyMem_RawCalloc(n, sizeof(uint64_t));
-        if (slots == NULL) {
-            PyErr_NoMemory();
+        uint64_t *slots = (uint64_t *)cm_ha_alloc(n * sizeof(uint64_t), 1);
+        if (slots == NULL)
             return -1;
-        }
-        PyMem_RawFree(g->slots);
+        if (g->slots != NULL)
+            cm_ha_free(g->slots, ((size_t)g->mask + 1) * sizeof(uint64_t));
         g->slots = slots;
         g->mask = (uint32_t)(n - 1);
-        cm_timer *h = g->b->t;
+        cm_timer *h = CM_HEAP(g->b);
         for (uint32_t p = 1; p <= size; p++) {
             uint32_t s = h[p].hash & g->mask;
             while (slots[s] != 0)
@@ -285,7 +290,7 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
             return 0;
         }
         uint32_t p = CM_SLOT_POS(e);
-        cm_timer *t = &g->b->t[p];
+        cm_timer *t = &CM_HEAP(g->b)[p];
         if (CM_SLOT_HASH(e) == h && t->ts == ts) {
             PyObject *tkey = t->key, *tns = t->ns;
             int eq = 1;
@@ -296,7 +301,7 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
             }
             if (eq < 0)
                 return -1;
-            if (g->slots == NULL || g->slots[s] != e || g->b->t[p].ns != tns)
+            if (g->slots == NULL || g->slots[s] != e || CM_HEAP(g->b)[p].ns != tns)
                 return -2;
             if (eq) {
                 if (tns != ns) {
@@ -306,7 +311,7 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
                 }
                 if (eq < 0)
                     return -1;
-                if (g->slots == NULL || g->slots[s] != e || g->b->t[p].ns != tns)
+                if (g->slots == NULL || g->slots[s] != e || CM_HEAP(g->b)[p].ns != tns)
                     return -2;
                 if (eq)
                     return p;
@@ -321,7 +326,7 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
  * if out, else are dropped. The block must be g's own. */
 static void cm_kg_remove_at(cm_kgq *g, uint32_t pos, cm_timer *out)
 {
-    cm_timer *h = g->b->t;
+    cm_timer *h = CM_HEAP(g->b);
     cm_timer gone = h[pos];
     uint32_t last = g->b->size;
     cm_kg_unslot(g, gone.slot);
@@ -352,7 +357,7 @@ static inline int cm_hoh_less(cm_tqueue *q, uint32_t a, uint32_t b)
         return 0;
     if (CM_TQ_EMPTY(q, b))
         return 1;
-    return q->kg[a].b->t[1].ts < q->kg[b].b->t[1].ts;
+    return CM_HEAP(q->kg[a].b)[1].ts < CM_HEAP(q->kg[b].b)[1].ts;
 }
 
 static inline void cm_hoh_place(cm_tqueue *q, uint32_t pos, uint32_t g)
@@ -453,7 +458,7 @@ static inline cm_timer *cm_tq_peek(cm_tqueue *q)
     if (q->nkg == 0)
         return NULL;
     uint32_t g = q->hoh[1];
-    return CM_TQ_EMPTY(q, g) ? NULL : &q->kg[g].b->t[1];
+    return CM_TQ_EMPTY(q, g) ? NULL : &CM_HEAP(q->kg[g].b)[1];
 }
 
 /* Takes the earliest timer (its references go to *out); its key group in *g.
