@@ -62,6 +62,7 @@ def descriptors(ttl: bool) -> dict[str, Any]:
 
 def register(backend: KeyedStateBackend, ttl: bool) -> dict[str, Any]:
     ds = descriptors(ttl)
+    backend.get_timer_service("timers", lambda ts, key, ns, domain: None)
     return {
         "value": backend.get_state(ds["value"]),
         "list": backend.get_list_state(ds["list"]),
@@ -72,13 +73,19 @@ def register(backend: KeyedStateBackend, ttl: bool) -> dict[str, Any]:
 
 
 def contents(backend: KeyedStateBackend) -> dict[str, list[tuple[Any, ...]]]:
-    """Every state's records (``KeyedStateSnapshot.entries``), in a canonical order."""
+    """Every state's records (``KeyedStateSnapshot.entries``) and every timer
+    service's timers (as ``"timers:" + name``), in a canonical order."""
     with backend.snapshot() as snap:
-        return {
+        out = {
             name: sorted((tuple(_plain(x) for x in r) for r in snap.entries(name)), key=repr)
             for name in sorted(snap.state_names())
             if any(True for _ in snap.entries(name))
         }
+        for name in snap.timer_service_names():
+            timers = sorted(((int(d), ts, _plain(k), ns) for d, ts, k, ns in snap.timers(name)), key=repr)
+            if timers:
+                out["timers:" + name] = timers
+        return out
 
 
 def _plain(x: Any) -> Any:

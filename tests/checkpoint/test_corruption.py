@@ -17,7 +17,7 @@ from ckpt_helpers import Clock, contents, register
 
 
 def small_checkpoint(root: Path) -> CheckpointStorage:
-    """Two committed checkpoints of every state kind, TTL on, over a few key groups."""
+    """Two committed checkpoints of every state kind, TTL on, and timers, over a few key groups."""
     clock = Clock()
     b = KeyedStateBackend(max_parallelism=4, time_provider=clock)
     s = register(b, ttl=True)
@@ -30,6 +30,7 @@ def small_checkpoint(root: Path) -> CheckpointStorage:
             s["map"].put("u", 1.5)
             s["reducing"].add(2)
             s["aggregating"].add(3)
+            b.get_timer_service("timers").register_event_time_timer(10 + round_)
         storage.save(b)
     return storage
 

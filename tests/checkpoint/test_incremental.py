@@ -21,7 +21,7 @@ from ckpt_helpers import Clock, contents, register
 OP = st.tuples(
     st.sampled_from(
         ["value", "list", "map", "map_remove", "reducing", "aggregating", "clear", "tick", "snapshot",
-         "mutate", "sweep", "columns", "save", "save_full"]
+         "mutate", "sweep", "columns", "save", "save_full", "timer", "timer_delete", "fire"]
     ),
     KEYS,
     NAMESPACES,

@@ -24,7 +24,10 @@ VALUES = st.one_of(
 )
 NAMESPACES = st.sampled_from([VOID_NAMESPACE, "w1", 7])
 OP = st.tuples(
-    st.sampled_from(["value", "list", "map", "map_remove", "reducing", "aggregating", "clear", "tick", "snapshot"]),
+    st.sampled_from(
+        ["value", "list", "map", "map_remove", "reducing", "aggregating", "clear", "tick", "snapshot",
+         "timer", "timer_delete", "fire"]
+    ),
     KEYS,
     NAMESPACES,
     st.integers(-3, 3),
@@ -40,9 +43,22 @@ def apply(backend: KeyedStateBackend, states: dict[str, Any], clock: Clock, op: 
     if kind == "snapshot":  # snapshots held across later writes: the checkpoint must not see those
         snaps.append(backend.snapshot())
         return
+    if kind == "fire":  # timers of both domains fire (and go) up to a time
+        timers = backend.get_timer_service("timers")
+        timers.advance_watermark(ukey * 100)
+        timers.advance_processing_time(ukey * 100)
+        return
     backend.set_current_key(key)
     for s in states.values():
         s.set_current_namespace(ns)
+    if kind in ("timer", "timer_delete"):
+        timers = backend.get_timer_service("timers")
+        event = ukey % 2 == 0
+        if kind == "timer":
+            (timers.register_event_time_timer if event else timers.register_processing_time_timer)(ukey * 37, ns)
+        else:
+            (timers.delete_event_time_timer if event else timers.delete_processing_time_timer)(ukey * 37, ns)
+        return
     if kind == "value":
         states["value"].update(value)
     elif kind == "list":

@@ -31,9 +31,10 @@ def inspect(storage: CheckpointStorage, cid: int | None) -> int:
         for f in m["files"]:
             r = storage._store.open_data(f["name"], f["size"])
             states = r.header["states"]
-            # an increment's tombstone sections follow the states' own indices
-            rows = [0] * (2 * len(states))
-            size = [0] * (2 * len(states))
+            timers = r.header.get("timer_services", [])
+            # an increment's tombstone sections follow the states' own indices, then the timers'
+            rows = [0] * (2 * len(states) + 2 * len(timers))
+            size = [0] * len(rows)
             pending = 0
             for kg in r.blocks:
                 for s, n, nbytes in r.section_sizes(kg, r.block_bytes(kg)):
@@ -51,6 +52,12 @@ def inspect(storage: CheckpointStorage, cid: int | None) -> int:
                     f"    {meta['name']!r:24} {meta['kind']:11} {ttl:16} {meta['serializer']:10}"
                     f" {rows[s]:>12,} rows {size[s]:>14,} bytes"
                     + (f", {rows[s + len(states)]:,} removed" if r.header.get("type") == "incremental" else "")
+                )
+            for t, name in enumerate(timers):
+                at = 2 * len(states) + 2 * t
+                print(
+                    f"    timers {name!r:17} {rows[at]:>12,} event time {rows[at + 1]:>12,} processing time"
+                    f" {size[at] + size[at + 1]:>14,} bytes"
                 )
             if pending:
                 print(f"    {pending:,} records waiting at the checkpoint (unaligned)")

@@ -21,6 +21,7 @@ from cowmap.checkpoint.states import (
     column_serializers,
     encode_block,
     encode_changes,
+    encode_timers,
     restore_blocks,
     state_headers,
 )
@@ -242,19 +243,22 @@ class CheckpointStorage:
             "key_hash": KEY_HASH,
             "timestamp": snap.timestamp,
             "states": headers,
+            "timer_services": snap.timer_service_names(),
         }
         encode = encode_block if chain is None else encode_changes
-        kgs = sorted({kg for name in names for kg in snap.key_groups(name)})
+        kgs = {kg for name in names for kg in snap.key_groups(name)}
+        kgs.update(kg for t in snap._timers.values() for kg in t.key_groups())
         rows = 0
         with store.atomic(data_name(cid)) as out:
             w = DataFileWriter(out, header)
-            for kg in kgs:
+            for kg in sorted(kgs):
                 sections = encode(snap, kg)
+                rows += sum(n for _, n, _ in sections)
+                sections += encode_timers(snap, kg)
                 # encoded: the backend need not keep this key group's data for us any longer
                 snap._release_key_group(kg)
                 if sections:
                     w.block(kg, sections)
-                    rows += sum(n for _, n, _ in sections)
             if pending is not None:
                 w.block(PENDING_BLOCK, [pending])
             size = w.finish()
@@ -266,6 +270,7 @@ class CheckpointStorage:
                 "files": (chain or []) + [{"name": data_name(cid), "size": size}],
                 "entries": rows,
                 "pending_records": pending[1] if pending is not None else 0,
+                "timers": sum(t.count() for t in snap._timers.values()),
                 "max_parallelism": snap.max_parallelism,
                 "key_group_range": kg_range,
                 "states": names,
@@ -309,17 +314,19 @@ class CheckpointStorage:
             check_compatible(backend, states, r.path)
             sers = [column_serializers(meta["kind"], _serializer_for(backend, meta, r.path)) for meta in states]
             sers += [[PICKLE] * TOMBSTONE_COLUMNS for _ in states]
+            sers += [[PICKLE] * 3 for _ in range(2 * len(h.get("timer_services", [])))]
             blocks = []
             for kg in sorted(r.blocks):
                 if kc.lo <= kg <= kc.hi:
                     raw = r.block_bytes(kg)
                     blocks.append((kg, list(r.sections(kg, raw, sers))))
-            decoded.append((states, blocks, h.get("type") == "incremental"))
+            decoded.append((states, blocks, h.get("type") == "incremental", h.get("timer_services", [])))
         last = readers[-1]
         pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []
         fresh = backend.num_entries() == 0
-        for states, blocks, incremental in decoded:
-            restore_blocks(backend, states, blocks, incremental)
+        for i, (states, blocks, incremental, timers) in enumerate(decoded):
+            # timers are written whole in every file: the newest file's are the checkpoint's
+            restore_blocks(backend, states, blocks, incremental, timers if i == len(decoded) - 1 else None)
         # from here the maps track changes against this checkpoint: an
         # incremental save may chain to it if the backend now holds exactly it
         backend.snapshot(cut=True).release()

@@ -34,10 +34,20 @@ from cowmap.state.descriptors import (
 )
 from cowmap.state.snapshot import KeyedStateSnapshot
 from cowmap.state.table import VOID_NAMESPACE, StateTable
+from cowmap.state.timers import TimeDomain
 from cowmap.state.ttl import StateTtlConfig, StateVisibility, UpdateType
 from cowmap.state.user_map import NONE_VALUE, NS_MARKER, make_ctx, split_ctx
 
-__all__ = ["changes_lost", "column_serializers", "encode_block", "encode_changes", "restore_blocks", "state_headers"]
+__all__ = [
+    "changes_lost",
+    "column_serializers",
+    "encode_block",
+    "encode_changes",
+    "encode_timers",
+    "restore_blocks",
+    "state_headers",
+    "timer_section_base",
+]
 
 #: how a backend maps keys to key groups (recorded so a restore under another function fails)
 KEY_HASH = "cowmap-murmur-v1"
@@ -138,6 +148,29 @@ def encode_changes(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
         if sec is not None:
             upserts.append(sec)
     return tombs + upserts
+
+
+def timer_section_base(nstates: int) -> int:
+    """Timer sections follow the states' and their tombstones': service ``t``'s
+    timers of domain ``d`` have index ``timer_section_base(S) + 2 * t + d``;
+    their columns: timestamp (int64), key, namespace."""
+    return 2 * nstates
+
+
+def encode_timers(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
+    """Every timer service's timers of key group ``kg``, as sections (written
+    whole in every checkpoint, full or incremental: a restore takes the
+    timers of a chain's newest file)."""
+    base = timer_section_base(len(snap.state_names()))
+    out: list[Section] = []
+    for t, name in enumerate(snap.timer_service_names()):
+        timers = snap._timers[name]
+        for d in TimeDomain:
+            ts, keys, nss = timers.columns(kg, d)
+            if keys:
+                cols = [np.frombuffer(ts, dtype=np.int64), keys, nss]
+                out.append((base + 2 * t + d, len(keys), [encode_column(c, PICKLE) for c in cols]))
+    return out
 
 
 def _namespace0(kind: str) -> Any:
@@ -315,19 +348,29 @@ def restore_blocks(
     states: list[dict[str, Any]],
     blocks: Iterable[tuple[int, Iterable[tuple[int, int, list[Any]]]]],
     incremental: bool = False,
+    timer_services: list[str] | None = None,
 ) -> None:
     """Write decoded blocks ``(kg, sections)`` into ``backend`` (checked
     already). Of an ``incremental`` checkpoint: tombstone sections remove, and
     a ListState's rows replace its lists (elsewhere they are appended, which
-    merges key groups restored from several checkpoints)."""
+    merges key groups restored from several checkpoints). Timer sections go to
+    the services named ``timer_services`` (skipped when None: a chain's older
+    files)."""
     tables = []
     for meta in states:
         table = backend._tables.get(meta["name"])
         if table is None:
             table = backend._tables[meta["name"]] = _TABLES[meta["kind"]](backend, placeholder_descriptor(meta))
         tables.append(table)
+    tbase = timer_section_base(len(tables))
     for kg, sections in blocks:
         for i, n, cols in sections:
+            if i >= tbase:
+                if timer_services is not None:
+                    svc = backend.get_timer_service(timer_services[(i - tbase) // 2])
+                    svc.add_columns(kg, TimeDomain((i - tbase) % 2), cols[0], column_list(cols[1], n),
+                                    column_list(cols[2], n))
+                continue
             if i >= len(tables):
                 _remove_rows(tables[i - len(tables)], kg, n, cols)
                 continue
