@@ -26,6 +26,7 @@ KEYED_STATE_EXAMPLE = "KeyedStateBackend(max_parallelism"
 ASYNC_EXAMPLE = "AsyncExecutionController"
 COLUMNAR_EXAMPLE = "add_many(batch"
 CHECKPOINT_EXAMPLE = "CheckpointStorage("
+TIMERS_EXAMPLE = "get_timer_service("
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -74,11 +75,20 @@ def test_readme_checkpoint_example_runs(capsys):
     assert namespace["storage"].checkpoints() == [namespace["checkpoint_id"]]
 
 
+def test_readme_timers_example_runs(capsys):
+    namespace = run_readme_example(TIMERS_EXAMPLE)
+    expected = [("bob", 60_000, 60_000, 1), ("ann", 0, 600_000, 2), ("ann", 4_000_000, 4_000_000, 1)]
+    assert namespace["emitted"] == expected
+    assert capsys.readouterr().out.splitlines() == [str(expected)]
+    assert namespace["timers"].num_event_time_timers() == 0
+    assert namespace["backend"].num_entries() == 0  # every session emitted and cleared
+
+
 def test_every_python_example_in_the_docs_is_run():
     """Each python block of README.md is the one some test above runs, and docs/*.md has none
     (an example added there needs a test here that runs it and checks what it shows)."""
     blocks = python_blocks(ROOT / "README.md")
-    markers = (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE, COLUMNAR_EXAMPLE, CHECKPOINT_EXAMPLE)
+    markers = (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE, COLUMNAR_EXAMPLE, CHECKPOINT_EXAMPLE, TIMERS_EXAMPLE)
     run = [next(b for b in blocks if marker in b) for marker in markers]
     assert [b for b in blocks if b not in run] == []
     assert {doc.name: n for doc in (ROOT / "docs").glob("*.md") if (n := len(python_blocks(doc)))} == {}
