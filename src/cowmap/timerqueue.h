@@ -2,10 +2,11 @@
  * Timer queues: the timers of one time domain of a timer service, one binary
  * heap per key group (so timers split and merge with key groups like state)
  * and a heap of those heaps ordered by their heads, so the earliest timer of
- * all is found in O(1) and taken in O(log n). Flink's heap timer queue
- * (a key-group-partitioned heap of heap sets) works the same way; the sift
- * rules here are the textbook ones it uses too, so timers with equal
- * timestamps come out in the same order as there.
+ * all is found in O(1) and taken in O(log n) (Flink's key-group-partitioned
+ * priority queue has this shape). Timers compare by timestamp only, so the
+ * order among equal timestamps is the heaps' own; Flink leaves it open too
+ * (its heap backend keeps one heap over all key groups, its RocksDB backend
+ * orders by serialized key).
  *
  * A key group's timers sit in a block: a 1-based heap array of cm_timer
  * (timestamp, key, namespace, hash, dedup slot; 32 bytes). A timer is one

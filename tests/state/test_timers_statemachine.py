@@ -1,4 +1,4 @@
-"""Hypothesis state machine: timer services against ``timer_model`` (Flink's heap timer queues).
+"""Hypothesis state machine: timer services against ``timer_model`` (a model of their heaps).
 
 Rules register and delete timers of both domains for random keys and namespaces,
 advance the watermark and processing time (``on_timer`` registers and deletes

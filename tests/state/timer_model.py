@@ -1,12 +1,13 @@
-"""A plain-Python model of Flink's heap timer queues, for the timer tests.
+"""A plain-Python model of cowmap's timer queues, for the timer tests.
 
-Flink keeps a timer service's timers of one time domain in a heap per key group
-(a heap *set*: one timer per key, namespace and timestamp) and a heap of those
+A timer service keeps the timers of one time domain in a heap per key group (a
+heap *set*: one timer per key, namespace and timestamp) and a heap of those
 heaps ordered by their heads; timers compare by timestamp only, so the order in
 which timers of equal timestamps fire follows from the heap moves. This model
 makes those moves with plain lists and dicts (1-based binary heaps, the
 textbook sift-up / sift-down, a removed timer's place taken by the last one),
-so a test can compare whole firing sequences, ties included.
+so a test can compare whole firing sequences, ties included. (Flink's semantics
+are checked against Flink itself: test_timer_parity.py.)
 """
 
 from __future__ import annotations
