@@ -8,8 +8,10 @@ import time
 import tracemalloc
 from typing import Any
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from cowmap import (
     NO_WATERMARK,
@@ -331,6 +333,72 @@ def test_timer_fires_in_its_keys_order_under_the_controller() -> None:
     a_events = [e for e in log if e[1] == "a"]
     assert a_events == [("record done", "a", 1), ("timer", "a", "a"), ("timer saw", "a", 1), ("record done", "a", 2)]
     assert ("timer", "b", "b") in log  # key b was free: at once
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("rec"), st.integers(0, 4), st.integers(0, 3)),  # key, async steps
+        st.tuples(st.just("wm"), st.integers(1, 6)),  # watermark step
+        st.tuples(st.just("run"), st.just(0)),  # let the controller run what is queued
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=OPS, batch=st.integers(1, 6))
+def test_timers_keep_key_order_under_the_controller_whatever_completes_when(ops: list, batch: int) -> None:
+    """Records of a key with chains of 0-3 async steps, batches of 1-6 requests, advances at
+    random points: a timer runs after every record of its key processed before the advance
+    that fired it has finished, and before any record of its key processed after it finishes."""
+    b = KeyedStateBackend()
+    aec = AsyncExecutionController(b, batch_size=batch, buffer_timeout_ms=0)
+    v = b.get_state(ValueStateDescriptor("v", default_value=0))
+    log: list[tuple[Any, ...]] = []
+
+    def on_timer(ts: int, key: Any, ns: Any, d: Any) -> None:
+        assert b.get_current_key() == key
+        log.append(("fire", key, ts))
+        v.async_value().then_accept(lambda x: log.append(("fire saw", key, ts, x)))
+
+    svc = b.get_timer_service("t", on_timer)
+    for k in range(5):
+        at(b, k)
+        for ts in range(1, 200, 2):
+            svc.register_event_time_timer(ts)
+    seq, wm = 0, 0
+    for op in ops:
+        if op[0] == "rec":
+            _, key, steps = op
+            seq += 1
+            log.append(("proc", key, seq))
+
+            def fn(_: Any, s: int = seq, key: int = key, steps: int = steps) -> None:
+                f = v.async_value()
+                for _ in range(steps):
+                    f = f.then_compose(lambda x: v.async_update(x + 1).then_apply(lambda _, y=x + 1: y))
+                f.then_accept(lambda _: log.append(("done", key, s)))
+
+            aec.process(key, fn)
+        elif op[0] == "wm":
+            wm += op[1]
+            log.append(("adv", wm))
+            svc.advance_watermark(wm)
+        else:
+            aec.trigger()
+    aec.drain()
+    advs = [(i, e[1]) for i, e in enumerate(log) if e[0] == "adv"]
+    done = {e[2]: i for i, e in enumerate(log) if e[0] == "done"}
+    procs = [(i, e[1], e[2]) for i, e in enumerate(log) if e[0] == "proc"]
+    assert len(done) == len(procs)  # every record finished
+    for i, e in enumerate(log):
+        if e[0] != "fire":
+            continue
+        _, key, ts = e
+        fired_by = next(j for j, w in advs if w >= ts)  # the first advance past ts
+        for p, k, s in procs:
+            if k == key:
+                assert (done[s] < i) == (p < fired_by), (e, s, log)
 
 
 def test_processing_time_timers_fire_as_mails_of_the_controllers_mailbox() -> None:
