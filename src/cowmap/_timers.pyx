@@ -44,6 +44,7 @@ cdef extern from "timerqueue.h":
     cm_timer *cm_tq_peek(cm_tqueue *q)
     int cm_tq_poll(cm_tqueue *q, cm_timer *out, uint32_t *g) except -1
     cm_tblock *cm_tq_share(cm_tqueue *q, uint32_t g)
+    void cm_tq_prefetch_head(cm_tqueue *q)
 
 cdef extern from "Python.h":
     void *PyMem_RawCalloc(size_t n, size_t size)
@@ -143,6 +144,8 @@ cdef class TimerService:
     # ------------------------------------------------------------ register / delete
 
     cdef int _check(self) except -1:
+        if self._kc is None:
+            raise RuntimeError("this TimerService was not initialised (get one from backend.get_timer_service)")
         if self._busy:
             raise RuntimeError(
                 f"timer service {self.name!r} used from a key's or namespace's __eq__ while it compared them"
@@ -151,9 +154,9 @@ cdef class TimerService:
 
     cdef int _change(self, int d, bint add, object ts_obj, object namespace, str what) except -1:
         cdef int64_t ts = _as_ts(ts_obj, "timestamp")
-        cdef KeyContext kc = self._kc
         cdef int r
         self._check()
+        cdef KeyContext kc = self._kc
         key = kc.key
         if key is None:
             raise RuntimeError(f"{what} needs a current key: call set_current_key first")
@@ -202,6 +205,7 @@ cdef class TimerService:
 
     def current_processing_time(self):
         """The backend's clock (its ``time_provider``), in milliseconds."""
+        self._check()
         return self._kc.now()
 
     def advance_watermark(self, watermark):
@@ -254,6 +258,7 @@ cdef class TimerService:
                 Py_DECREF(key)  # the queue's references: ours are key and ns now
                 Py_DECREF(ns)
                 n += 1
+                cm_tq_prefetch_head(&self._q[d])
                 if aec is not None:
                     aec.process(key, _TimerFiring(on_timer, t.ts, key, ns, domain, aec))
                 else:
@@ -282,7 +287,7 @@ cdef class TimerService:
         return 0
 
     def _on_processing_mail(self, Py_ssize_t seq):
-        if seq != self._mail_seq:
+        if seq != self._mail_seq or self._kc is None:
             return  # an earlier timer was registered since: its mail is the one
         self._scheduled = INT64_MAX
         self.advance_processing_time(self._kc.now())

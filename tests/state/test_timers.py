@@ -165,6 +165,21 @@ def test_misuse_is_a_clear_error() -> None:
         svc.timers(7)
 
 
+def test_an_uninitialised_service_or_snapshot_is_an_error_not_a_crash() -> None:
+    from cowmap import TimerService, TimerSnapshot
+
+    svc = TimerService.__new__(TimerService)
+    for call in (lambda: svc.register_event_time_timer(1), lambda: svc.advance_watermark(1),
+                 svc.current_processing_time, svc.snapshot, lambda: svc.advance_processing_time(3)):
+        with pytest.raises(RuntimeError, match="not initialised"):
+            call()
+    assert svc.num_event_time_timers() == 0 and svc.timers(TimeDomain.EVENT_TIME) == []
+    snap = TimerSnapshot.__new__(TimerSnapshot)
+    assert snap.key_groups() == [] and snap.count() == 0
+    assert len(snap.columns(0, TimeDomain.EVENT_TIME)[1]) == 0
+    snap.release()
+
+
 def test_nested_advance_is_refused() -> None:
     b = KeyedStateBackend()
     errors = []
