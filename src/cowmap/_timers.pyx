@@ -44,7 +44,6 @@ cdef extern from "timerqueue.h":
     cm_timer *cm_tq_peek(cm_tqueue *q)
     int cm_tq_poll(cm_tqueue *q, cm_timer *out, uint32_t *g) except -1
     cm_tblock *cm_tq_share(cm_tqueue *q, uint32_t g)
-    void cm_tq_prefetch_head(cm_tqueue *q)
 
 cdef extern from "Python.h":
     void *PyMem_RawCalloc(size_t n, size_t size)
@@ -258,7 +257,6 @@ cdef class TimerService:
                 Py_DECREF(key)  # the queue's references: ours are key and ns now
                 Py_DECREF(ns)
                 n += 1
-                cm_tq_prefetch_head(&self._q[d])
                 if aec is not None:
                     aec.process(key, _TimerFiring(on_timer, t.ts, key, ns, domain, aec))
                 else:

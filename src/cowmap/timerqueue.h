@@ -462,18 +462,6 @@ static inline cm_timer *cm_tq_peek(cm_tqueue *q)
     return CM_TQ_EMPTY(q, g) ? NULL : &CM_HEAP(q->kg[g].b)[1];
 }
 
-/* Fetches what taking the earliest timer will touch first (its key object, whose
- * reference count the callback changes, and its table slot), so that those
- * misses overlap the callback of the timer before it. */
-static inline void cm_tq_prefetch_head(cm_tqueue *q)
-{
-    cm_timer *t = cm_tq_peek(q);
-    if (t != NULL) {
-        __builtin_prefetch(t->key, 1);
-        __builtin_prefetch(&q->kg[q->hoh[1]].slots[t->slot], 1);
-    }
-}
-
 /* Takes the earliest timer (its references go to *out); its key group in *g.
  * 0, or -1 on no memory (copying a shared block). The queue must not be empty. */
 static int cm_tq_poll(cm_tqueue *q, cm_timer *out, uint32_t *g)
