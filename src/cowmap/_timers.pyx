@@ -103,6 +103,7 @@ cdef class TimerService:
     cdef bint _busy           # inside a queue operation that may run Python (__eq__)
     cdef bint _firing[2]
     cdef int64_t _scheduled   # the processing time of the pending mail, INT64_MAX: none
+    cdef bytearray _changed   # per domain and key group: 1 if its timers changed since the last cut
     cdef Py_ssize_t _mail_seq  # bumped per mail posted: only the newest one fires
     cdef object __weakref__
 
@@ -124,6 +125,7 @@ cdef class TimerService:
         self._void = void_namespace
         self._domains = tuple(domains)
         self._kg_ints = list(range(kc.lo, kc.hi + 1))
+        self._changed = bytearray(2 * nkg)
 
     def __dealloc__(self):
         cm_tq_free(&self._q[EVENT])
@@ -173,8 +175,10 @@ cdef class TimerService:
             self._busy = False
         if r == -2:
             raise RuntimeError("a key's or namespace's __eq__ changed the timers it was compared with")
-        if add and r == 1 and d == PROCESSING and ts < self._scheduled:
-            self._schedule()
+        if r == 1:
+            self._changed[d * self._q[d].nkg + g] = 1
+            if add and d == PROCESSING and ts < self._scheduled:
+                self._schedule()
         return r
 
     def register_event_time_timer(self, ts, namespace=None):
@@ -252,6 +256,7 @@ cdef class TimerService:
                 if head == NULL or head.ts > upto:
                     break
                 cm_tq_poll(&self._q[d], &t, &g)
+                self._changed[d * self._q[d].nkg + g] = 1
                 key = <object>t.key
                 ns = <object>t.ns
                 Py_DECREF(key)  # the queue's references: ours are key and ns now
@@ -314,10 +319,18 @@ cdef class TimerService:
                     out.append((CM_HEAP(g.b)[i].ts, <object>CM_HEAP(g.b)[i].key, <object>CM_HEAP(g.b)[i].ns))
         return out
 
-    def snapshot(self):
-        """The timers as they are now, copy-on-write per key group: O(key groups)."""
+    def snapshot(self, cut=False):
+        """The timers as they are now, copy-on-write per key group: O(key groups).
+
+        ``cut``: a checkpoint's cut: the snapshot also says which key groups'
+        timers changed since the previous cut (:meth:`TimerSnapshot.changed`),
+        and tracking starts over."""
         self._check()
-        return TimerSnapshot._take(self)
+        snap = TimerSnapshot._take(self)
+        if cut:
+            snap._changed = bytes(self._changed)
+            self._changed[:] = bytes(len(self._changed))
+        return snap
 
     def restore(self, TimerSnapshot snapshot not None, key_groups=None):
         """Add the timers of ``snapshot`` in the key groups this service owns (or
@@ -367,8 +380,10 @@ cdef class TimerService:
                 self._busy = False
             if r == -2:
                 raise RuntimeError("a key's or namespace's __eq__ changed the timers it was compared with")
-            if r == 1 and d == PROCESSING and tsv[i] < self._scheduled:
-                processing_added = True
+            if r == 1:
+                self._changed[d * self._q[d].nkg + g] = 1
+                if d == PROCESSING and tsv[i] < self._scheduled:
+                    processing_added = True
         if processing_added:
             self._schedule()
 
@@ -438,6 +453,7 @@ cdef class TimerSnapshot:
     cdef readonly long lo
     cdef readonly str name
     cdef bint _released
+    cdef bytes _changed  # a cut's: per domain and key group, 1 if changed since the previous cut
 
     def __cinit__(self):
         self._blocks = NULL
@@ -464,6 +480,16 @@ cdef class TimerSnapshot:
         self._check()
         return [self.lo + k for k in range(self._nkg)
                 if self._blocks[k] != NULL or self._blocks[self._nkg + k] != NULL]
+
+    def changed(self, domain):
+        """The key groups whose timers of ``domain`` changed since the previous cut,
+        ascending; None if this snapshot is not a cut (every key group may have)."""
+        cdef int d = _domain_index(domain)
+        cdef uint32_t k
+        self._check()
+        if self._changed is None:
+            return None
+        return [self.lo + k for k in range(self._nkg) if self._changed[d * self._nkg + k]]
 
     def count(self):
         """Timers in the snapshot (both domains)."""

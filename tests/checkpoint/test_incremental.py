@@ -290,3 +290,29 @@ def test_a_map_value_changed_in_place_after_a_read_is_saved(tmp_path: Path) -> N
     storage.restore(r)
     r.set_current_key(7)
     assert r.get_map_state(MapStateDescriptor("m")).get("xs") == [7, 70]
+
+
+def test_an_increment_holds_the_timers_that_changed_only(tmp_path: Path) -> None:
+    b = KeyedStateBackend(max_parallelism=16)
+    timers = b.get_timer_service("t", lambda *a: None)
+    for k in range(1000):
+        b.set_current_key(k)
+        timers.register_event_time_timer(k * 10)
+        timers.register_processing_time_timer(5, namespace="w")
+    storage = CheckpointStorage(tmp_path)
+    full = storage.save(b)
+    b.set_current_key(3)
+    timers.delete_event_time_timer(30)
+    one = storage.save(b)
+    timers.advance_processing_time(5)  # every processing-time timer goes: their key groups empty
+    two = storage.save(b)
+    timers.advance_watermark(10**9)
+    three = storage.save(b)
+    sizes = {cid: storage.manifest(cid)["files"][-1]["size"] for cid in (full, one, two, three)}
+    assert storage.manifest(three)["type"] == "incremental"
+    assert sizes[one] * 10 < sizes[full]  # one key group's event-time timers, not all of them
+    for cid, (event, processing) in {full: (1000, 1000), one: (999, 1000), two: (999, 0), three: (0, 0)}.items():
+        dst = KeyedStateBackend(max_parallelism=16)
+        storage.restore(dst, cid)
+        t = dst.get_timer_service("t")
+        assert (t.num_event_time_timers(), t.num_processing_time_timers()) == (event, processing), cid

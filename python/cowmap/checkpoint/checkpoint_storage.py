@@ -16,6 +16,7 @@ from cowmap.checkpoint.pending import decode_pending, encode_pending
 from cowmap.checkpoint.states import (
     KEY_HASH,
     TOMBSTONE_COLUMNS,
+    changed_timer_key_groups,
     changes_lost,
     check_compatible,
     column_serializers,
@@ -248,13 +249,15 @@ class CheckpointStorage:
         encode = encode_block if chain is None else encode_changes
         kgs = {kg for name in names for kg in snap.key_groups(name)}
         kgs.update(kg for t in snap._timers.values() for kg in t.key_groups())
+        if chain is not None:
+            kgs.update(changed_timer_key_groups(snap))  # (a key group whose timers all went)
         rows = 0
         with store.atomic(data_name(cid)) as out:
             w = DataFileWriter(out, header)
             for kg in sorted(kgs):
                 sections = encode(snap, kg)
                 rows += sum(n for _, n, _ in sections)
-                sections += encode_timers(snap, kg)
+                sections += encode_timers(snap, kg, changes_only=chain is not None)
                 # encoded: the backend need not keep this key group's data for us any longer
                 snap._release_key_group(kg)
                 if sections:
@@ -324,9 +327,11 @@ class CheckpointStorage:
         last = readers[-1]
         pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []
         fresh = backend.num_entries() == 0
-        for i, (states, blocks, incremental, timers) in enumerate(decoded):
-            # timers are written whole in every file: the newest file's are the checkpoint's
-            restore_blocks(backend, states, blocks, incremental, timers if i == len(decoded) - 1 else None)
+        timers: dict[tuple[str, int, int], Any] = {}
+        for states, blocks, incremental, services in decoded:
+            restore_blocks(backend, states, blocks, incremental, services, timers)
+        for (name, domain, kg), (ts, keys, nss) in timers.items():
+            backend.get_timer_service(name).add_columns(kg, domain, ts, keys, nss)
         # from here the maps track changes against this checkpoint: an
         # incremental save may chain to it if the backend now holds exactly it
         backend.snapshot(cut=True).release()

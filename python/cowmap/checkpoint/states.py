@@ -43,6 +43,7 @@ __all__ = [
     "column_serializers",
     "encode_block",
     "encode_changes",
+    "changed_timer_key_groups",
     "encode_timers",
     "restore_blocks",
     "state_headers",
@@ -157,19 +158,34 @@ def timer_section_base(nstates: int) -> int:
     return 2 * nstates
 
 
-def encode_timers(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
-    """Every timer service's timers of key group ``kg``, as sections (written
-    whole in every checkpoint, full or incremental: a restore takes the
-    timers of a chain's newest file)."""
+def encode_timers(snap: KeyedStateSnapshot, kg: int, changes_only: bool = False) -> list[Section]:
+    """Every timer service's timers of key group ``kg``, as sections: all of
+    them (a full checkpoint), or with ``changes_only`` (an increment of a cut)
+    those of the services and domains whose timers in ``kg`` changed since
+    the previous cut, an empty section where none are left. A restore takes,
+    per service, domain and key group, the newest file's section."""
     base = timer_section_base(len(snap.state_names()))
     out: list[Section] = []
     for t, name in enumerate(snap.timer_service_names()):
         timers = snap._timers[name]
         for d in TimeDomain:
+            if changes_only:
+                changed = timers.changed(d)
+                if changed is not None and kg not in changed:
+                    continue
             ts, keys, nss = timers.columns(kg, d)
-            if keys:
+            if keys or changes_only:
                 cols = [np.frombuffer(ts, dtype=np.int64), keys, nss]
                 out.append((base + 2 * t + d, len(keys), [encode_column(c, PICKLE) for c in cols]))
+    return out
+
+
+def changed_timer_key_groups(snap: KeyedStateSnapshot) -> set[int]:
+    """The key groups where a timer service's timers changed since the previous cut."""
+    out: set[int] = set()
+    for timers in snap._timers.values():
+        for d in TimeDomain:
+            out.update(timers.changed(d) or ())
     return out
 
 
@@ -349,13 +365,15 @@ def restore_blocks(
     blocks: Iterable[tuple[int, Iterable[tuple[int, int, list[Any]]]]],
     incremental: bool = False,
     timer_services: list[str] | None = None,
+    timers: dict[tuple[str, int, int], tuple[Any, list[Any], list[Any]]] | None = None,
 ) -> None:
     """Write decoded blocks ``(kg, sections)`` into ``backend`` (checked
     already). Of an ``incremental`` checkpoint: tombstone sections remove, and
     a ListState's rows replace its lists (elsewhere they are appended, which
-    merges key groups restored from several checkpoints). Timer sections go to
-    the services named ``timer_services`` (skipped when None: a chain's older
-    files)."""
+    merges key groups restored from several checkpoints). Timer sections of
+    the services named ``timer_services`` go to ``timers`` by (service,
+    domain, key group), a later file's replacing an earlier one's: the
+    caller adds them once every file is read."""
     tables = []
     for meta in states:
         table = backend._tables.get(meta["name"])
@@ -366,10 +384,9 @@ def restore_blocks(
     for kg, sections in blocks:
         for i, n, cols in sections:
             if i >= tbase:
-                if timer_services is not None:
-                    svc = backend.get_timer_service(timer_services[(i - tbase) // 2])
-                    svc.add_columns(kg, TimeDomain((i - tbase) % 2), cols[0], column_list(cols[1], n),
-                                    column_list(cols[2], n))
+                if timer_services is not None and timers is not None:
+                    name = timer_services[(i - tbase) // 2]
+                    timers[(name, (i - tbase) % 2, kg)] = (cols[0], column_list(cols[1], n), column_list(cols[2], n))
                 continue
             if i >= len(tables):
                 _remove_rows(tables[i - len(tables)], kg, n, cols)

@@ -236,14 +236,15 @@ class KeyedStateBackend:
         ``cut``: a checkpoint's cut (what ``cowmap.checkpoint`` takes): the
         snapshot also holds what changed since the previous cut, and the
         backend's maps track changes from now on (O(entries / 64) per map
-        more, and a bit per entry of memory)."""
+        more, and a bit per entry of memory), and its timer services which
+        key groups' timers changed."""
         snap = KeyedStateSnapshot(self.max_parallelism, self.key_group_range, self.now())
         if cut:
             self._chain = None  # the changes since the last checkpoint go to this snapshot alone
         for table in self._tables.values():
             snap._add(table, cut)
         for name, svc in self._timers.items():
-            snap._timers[name] = svc.snapshot()
+            snap._timers[name] = svc.snapshot(cut=cut)
         return snap
 
     def restore(self, snapshot: KeyedStateSnapshot) -> None:
