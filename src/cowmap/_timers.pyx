@@ -85,8 +85,11 @@ cdef class TimerService:
     timestamp ``<= wm`` in timestamp order (those an ``on_timer`` registers at
     or below ``wm`` too), each with its key current, calling ``on_timer(ts, key,
     namespace, domain)``; ``advance_processing_time(now)`` does the same for
-    processing-time timers. Register and delete cost O(log n) in the timers of
-    the key's key group, a firing O(log n + log key groups).
+    processing-time timers. The caller's current key is current again after an
+    advance (Flink leaves the last timer's key current). Timers of equal
+    timestamps fire in an order of the heaps' making. Register and delete cost
+    O(log n) in the timers of the key's key group, a firing O(log n + log key
+    groups).
 
     Not thread-safe: use it from the backend's thread. Keys' and namespaces'
     ``__eq__`` / ``__hash__`` must not use the service (RuntimeError).
