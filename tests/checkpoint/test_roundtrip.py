@@ -168,19 +168,23 @@ def test_restored_reducing_state_needs_its_descriptor(tmp_path: Any) -> None:
 
 
 def test_rescale_2_to_5_and_4_to_3(tmp_path: Any) -> None:
-    """Each new backend reads only its key groups, from every old checkpoint."""
-    from cowmap.state import key_group_range_for_operator
+    """Each new backend reads only its key groups (states and timers), from every old checkpoint."""
+    from cowmap.state import TimeDomain, key_group_for, key_group_range_for_operator
 
     max_par = 32
     whole = KeyedStateBackend(max_parallelism=max_par)
     ref = register(whole, False)
     keys = list(range(300)) + [f"s{i}" for i in range(100)]
-    for k in keys:
+    timers = whole.get_timer_service("timers")
+    for i, k in enumerate(keys):
         whole.set_current_key(k)
         ref["value"].update(k)
         ref["map"].put(1, k)
         ref["list"].add(k)
+        timers.register_event_time_timer(i % 17)
+        timers.register_processing_time_timer(i, namespace="w")
     expected = contents(whole)
+    assert expected["timers:timers"]
     for old_par, new_par in [(2, 5), (4, 3)]:
         dirs = []
         for i in range(old_par):
@@ -200,6 +204,8 @@ def test_rescale_2_to_5_and_4_to_3(tmp_path: Any) -> None:
             for name, rows in contents(nb).items():
                 merged.setdefault(name, []).extend(rows)
             assert all(kg in rng for name in nb.state_names() for kg in nb._tables[name].live)
+            t = nb.get_timer_service("timers")
+            assert all(key_group_for(key, max_par) in rng for d in TimeDomain for _, key, _ in t.timers(d))
         assert {n: sorted(r, key=repr) for n, r in merged.items()} == expected
 
 

@@ -140,7 +140,7 @@ class KeyedStateSnapshot:
                 for domain in TimeDomain:
                     ts, keys, nss = snap.columns(kg, domain)
                     for i in range(len(keys)):
-                        yield domain, int(ts[i]), keys[i], nss[i]
+                        yield domain, ts[i], keys[i], nss[i]
 
     def _release_key_group(self, kg: int) -> None:
         """Release the part of key group ``kg`` early (a checkpoint writer done
