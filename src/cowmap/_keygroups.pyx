@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, embedsignature=True
-"""Stable key hashes and Flink's key-group assignment, compiled (see keyhash.h).
-The current key of a backend, which uses them, is in _context.pyx."""
+"""Stable key hashes and Flink's key-group assignment, compiled (see keyhash.h),
+and Spark SQL's hash() for key groups that agree with a Spark shuffle (see
+sparkhash.h). The current key of a backend, which uses them, is in _context.pyx."""
 
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
@@ -148,3 +149,145 @@ def column_key_groups(keys, long max_parallelism, long lo, long hi):
 cdef object _outside(Py_ssize_t i, object key, long kg, long lo, long hi):
     return ValueError(f"keys[{i}] = {key!r} is in key group {kg}, outside this backend's range "
                       f"KeyGroupRange({lo}, {hi}); nothing was written")
+
+
+# ---------------------------------------------------------------- Spark's hash()
+
+cdef extern from "sparkhash.h":
+    int32_t sh_hash_int(int32_t v, int32_t seed)
+    int32_t sh_hash_long(int64_t v, int32_t seed)
+    int32_t sh_hash_bytes(const char *p, size_t n, int32_t seed)
+    int32_t sh_hash_double(double d, int32_t seed)
+    int32_t sh_hash_float(float f, int32_t seed)
+    int32_t sh_pmod(int32_t h, int32_t n)
+    int32_t SH_SEED
+
+cdef extern from "Python.h":
+    const char *PyUnicode_AsUTF8AndSize(object s, Py_ssize_t *size) except NULL
+
+# Spark SQL type names -> how hash() reads them (sparkhash.h)
+cdef enum:
+    SH_INT = 0
+    SH_LONG = 1
+    SH_STRING = 2
+    SH_BINARY = 3
+    SH_BOOLEAN = 4
+    SH_FLOAT = 5
+    SH_DOUBLE = 6
+
+_SPARK_TYPES = {
+    "int": SH_INT, "integer": SH_INT, "short": SH_INT, "smallint": SH_INT, "byte": SH_INT, "tinyint": SH_INT,
+    "date": SH_INT, "long": SH_LONG, "bigint": SH_LONG, "timestamp": SH_LONG, "string": SH_STRING,
+    "binary": SH_BINARY, "boolean": SH_BOOLEAN, "float": SH_FLOAT, "double": SH_DOUBLE,
+}
+
+
+def spark_type_codes(types):
+    """The hash readers of Spark SQL type names (``simpleString`` forms such as
+    ``"int"``, ``"bigint"``, ``"string"``); ValueError naming an unsupported one."""
+    out = []
+    for t in types:
+        code = _SPARK_TYPES.get(str(t).lower())
+        if code is None:
+            raise ValueError(
+                f"key columns of Spark type {t!r} are not supported (supported: {', '.join(sorted(_SPARK_TYPES))})"
+            )
+        out.append(code)
+    return tuple(out)
+
+
+cdef int32_t _spark_hash_one(object v, int code, int32_t seed, Py_ssize_t col) except? -1:
+    cdef Py_ssize_t n = 0
+    cdef const char *p
+    if v is None:
+        raise ValueError(f"key column {col} is null: a key must not be null (Spark's hash would skip it)")
+    if code == SH_INT:
+        return sh_hash_int(<int32_t>v, seed)
+    if code == SH_LONG:
+        return sh_hash_long(<int64_t>v, seed)
+    if code == SH_STRING:
+        if not isinstance(v, str):
+            raise TypeError(f"key column {col} is a Spark string, not {type(v).__name__}")
+        p = PyUnicode_AsUTF8AndSize(v, &n)
+        return sh_hash_bytes(p, <size_t>n, seed)
+    if code == SH_BINARY:
+        if not isinstance(v, (bytes, bytearray)):
+            raise TypeError(f"key column {col} is a Spark binary, not {type(v).__name__}")
+        b = bytes(v)
+        return sh_hash_bytes(<const char *>b, <size_t>len(b), seed)
+    if code == SH_BOOLEAN:
+        return sh_hash_int(1 if v else 0, seed)
+    if code == SH_FLOAT:
+        return sh_hash_float(<float>v, seed)
+    return sh_hash_double(<double>v, seed)
+
+
+def spark_hash(key, codes):
+    """Spark SQL's ``hash(col, ...)`` of one key: ``key`` a value (one column) or a
+    tuple (one value per column), ``codes`` from :func:`spark_type_codes`. An int
+    outside its type's range: OverflowError; a null: ValueError. O(len(key))."""
+    cdef int32_t h = SH_SEED
+    cdef Py_ssize_t i
+    vals = key if len(codes) != 1 or type(key) is tuple else (key,)
+    if type(vals) is not tuple or len(<tuple>vals) != len(codes):
+        raise ValueError(f"a key of {len(codes)} columns must be a tuple of {len(codes)} values, not {key!r}")
+    for i in range(len(codes)):
+        h = _spark_hash_one((<tuple>vals)[i], codes[i], h, i)
+    return h
+
+
+def spark_key_group(key, codes, long max_parallelism):
+    """``pmod(hash(key columns), max_parallelism)``, as Spark computes it."""
+    _check_max_parallelism(max_parallelism)
+    return sh_pmod(spark_hash(key, codes), <int32_t>max_parallelism)
+
+
+def spark_key_groups(columns, codes, long max_parallelism):
+    """``pmod(hash(key columns), max_parallelism)`` of every row, as an int32
+    numpy array: ``columns`` one sequence (numpy array, pandas Series, list)
+    per key column, ``codes`` from :func:`spark_type_codes`. int32/int64 numpy
+    columns of int/long keys run in a C loop; other columns value by value.
+    A null anywhere: ValueError naming the row. O(rows x columns)."""
+    cdef Py_ssize_t i, n, c
+    cdef int32_t[::1] h
+    cdef const int64_t[::1] a64
+    cdef const int32_t[::1] a32
+    cdef int code
+    import numpy as np
+    _check_max_parallelism(max_parallelism)
+    if len(columns) != len(codes) or not len(codes):
+        raise ValueError(f"{len(columns)} key columns for {len(codes)} key types")
+    n = len(columns[0])
+    for col in columns:
+        if len(col) != n:
+            raise ValueError(f"key columns differ in length: {[len(x) for x in columns]}")
+    hashes = np.full(n, SH_SEED, dtype=np.int32)
+    h = hashes
+    for c in range(len(codes)):
+        col = columns[c]
+        code = codes[c]
+        arr = getattr(col, "to_numpy", None)
+        if arr is not None:
+            col = arr()
+        dtype = getattr(col, "dtype", None)
+        if code == SH_LONG and dtype is not None and dtype.kind == "i" and getattr(col, "ndim", 1) == 1:
+            a64 = np.ascontiguousarray(col, dtype=np.int64)
+            for i in range(n):
+                h[i] = sh_hash_long(a64[i], h[i])
+            continue
+        if code == SH_INT and dtype is not None and dtype.kind == "i" and dtype.itemsize <= 4:
+            a32 = np.ascontiguousarray(col, dtype=np.int32)
+            for i in range(n):
+                h[i] = sh_hash_int(a32[i], h[i])
+            continue
+        vals = col.tolist() if dtype is not None else list(col)
+        for i in range(n):
+            try:
+                h[i] = _spark_hash_one(vals[i], code, h[i], c)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise type(e)(f"row {i}: {e}") from None
+    out = np.empty(n, dtype=np.int32)
+    cdef int32_t[::1] o = out
+    for i in range(n):
+        o[i] = sh_pmod(h[i], <int32_t>max_parallelism)
+    return out
