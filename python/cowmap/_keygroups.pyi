@@ -21,3 +21,6 @@ def spark_key_group(key: Any, codes: Sequence[int], max_parallelism: int) -> int
 def spark_key_groups(
     columns: Sequence[Any], codes: Sequence[int], max_parallelism: int
 ) -> npt.NDArray[np.int32]: ...
+def spark_column_key_groups(
+    keys: npt.NDArray[np.int64] | tuple[Any, ...], codes: tuple[int, ...], max_parallelism: int, lo: int, hi: int
+) -> npt.NDArray[np.int32]: ...

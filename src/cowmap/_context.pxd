@@ -10,6 +10,7 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
     cdef readonly long max_parallelism
     cdef readonly long lo        # the key-group range owned, inclusive
     cdef readonly long hi
+    cdef readonly tuple spark_codes  # Spark's key groups over these key-column types, or None: Flink's
 
     cdef object key_group_of(self, object key)
     cdef int switch(self, object key, object key_group) except -1

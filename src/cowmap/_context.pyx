@@ -12,7 +12,7 @@ Python reads the hot fields through member descriptors (see members.h), as fast 
 
 cimport cython
 
-from cowmap._keygroups cimport key_group_of
+from cowmap._keygroups cimport key_group_of, spark_key_group_of
 
 cdef extern from "members.h":
     int cm_expose_member(object type, const char *name, Py_ssize_t offset, int writable) except -1
@@ -42,7 +42,7 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
     :meth:`set_current_key`, which checks it. Single-threaded, as the backend is.
     """
 
-    def __init__(self, long max_parallelism, long lo, long hi, clock):
+    def __init__(self, long max_parallelism, long lo, long hi, clock, spark_codes=None):
         if max_parallelism < 1 or max_parallelism > 32768:
             raise ValueError(f"max_parallelism must be within 1..32768, got {max_parallelism}")
         if not 0 <= lo <= hi < max_parallelism:
@@ -57,6 +57,7 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
         self.key_group = None
         self.record_cleanups = []
         self.aec = None
+        self.spark_codes = None if spark_codes is None else tuple(spark_codes)
 
     def set_current_key(self, key):
         """Make ``key`` the key that state accesses read and write. O(len(key)).
@@ -84,9 +85,20 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
             raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
         return now
 
+    def key_group_for(self, key):
+        """The key group of ``key`` by this context's function (Flink's, or
+        Spark's with ``spark_codes``), owned or not."""
+        if self.spark_codes is not None:
+            return spark_key_group_of(key, self.spark_codes, self.max_parallelism)
+        return key_group_of(key, self.max_parallelism)
+
     cdef object key_group_of(self, object key):
         """The key group of ``key``; ValueError if this backend does not own it."""
-        cdef long kg = key_group_of(key, self.max_parallelism)
+        cdef long kg
+        if self.spark_codes is None:
+            kg = key_group_of(key, self.max_parallelism)
+        else:
+            kg = spark_key_group_of(key, self.spark_codes, self.max_parallelism)
         if not self.lo <= kg <= self.hi:
             raise ValueError(
                 f"key {key!r} is in key group {kg}, outside this backend's range "

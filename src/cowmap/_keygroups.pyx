@@ -291,3 +291,36 @@ def spark_key_groups(columns, codes, long max_parallelism):
     for i in range(n):
         o[i] = sh_pmod(h[i], <int32_t>max_parallelism)
     return out
+
+
+cdef long spark_key_group_of(object key, tuple codes, long max_parallelism) except -1:
+    """``spark_key_group`` for the key context (_context.pyx)."""
+    return sh_pmod(spark_hash(key, codes), <int32_t>max_parallelism)
+
+
+def spark_column_key_groups(keys, tuple codes, long max_parallelism, long lo, long hi):
+    """:func:`column_key_groups` with Spark's key groups: ``keys`` an int64 array
+    or a tuple of keys (tuples for keys of several columns), each checked to be
+    within ``lo..hi``."""
+    cdef Py_ssize_t i, n
+    cdef int32_t[::1] out
+    import numpy as np
+    _check_max_parallelism(max_parallelism)
+    if type(keys) is tuple and len(codes) > 1:
+        n = len(<tuple>keys)
+        result = np.empty(n, dtype=np.int32)
+        out = result
+        for i in range(n):
+            try:
+                out[i] = sh_pmod(spark_hash((<tuple>keys)[i], codes), <int32_t>max_parallelism)
+            except (TypeError, ValueError, OverflowError) as e:
+                raise type(e)(f"keys[{i}]: {e}") from None
+    else:
+        result = spark_key_groups([keys], codes, max_parallelism)
+        out = result
+        n = len(result)
+    if lo > 0 or hi < max_parallelism - 1:
+        for i in range(n):
+            if out[i] < lo or out[i] > hi:
+                raise _outside(i, keys[i], out[i], lo, hi)
+    return result

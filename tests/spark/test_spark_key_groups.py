@@ -104,3 +104,59 @@ def test_bad_keys_are_clear_errors() -> None:
         spark_hash(1, codes)
     with pytest.raises(ValueError, match="differ in length"):
         spark_key_groups([np.array([1, 2]), ["a"]], codes, 16)
+
+
+def test_a_backend_with_sparks_key_groups(tmp_path) -> None:
+    """Rows routed by Spark's key groups land in the same key groups in the backend:
+    per record, per column, in snapshots and checkpoints; a checkpoint or snapshot
+    of another key-group function is refused."""
+    from cowmap import KeyedStateBackend, KeyGroupRange, ValueStateDescriptor
+    from cowmap.checkpoint import CheckpointStorage
+
+    codes = spark_type_codes(["bigint"])
+    b = KeyedStateBackend(max_parallelism=64, spark_key_types=["bigint"])
+    assert b.key_hash == "spark-murmur3-42:bigint"
+    v = b.get_state(ValueStateDescriptor("v"))
+    keys = np.arange(-500, 500, dtype=np.int64)
+    for k in keys.tolist()[:50]:
+        b.set_current_key(k)
+        assert b.get_current_key_group() == spark_key_group(k, codes, 64) == b.key_group_of(k)
+        v.update(k)
+    v.update_many(keys, keys * 2)  # the columnar path: Spark's key groups too
+    per_kg = {kg: set() for kg in range(64)}
+    with b.snapshot() as snap:
+        for k, _, val, _ in snap.entries("v"):
+            assert val == 2 * k
+        for kg in snap.key_groups("v"):
+            per_kg[kg] = {k for k, *_ in b._tables["v"].export(snap._states["v"].maps[kg], None, 0)}
+    assert all(spark_key_group(k, codes, 64) == kg for kg, ks in per_kg.items() for k in ks)
+    assert sum(map(len, per_kg.values())) == 1000
+    # a backend owning part of the range refuses keys Spark routes elsewhere
+    part = KeyedStateBackend(max_parallelism=64, key_group_range=KeyGroupRange(0, 31), spark_key_types=["bigint"])
+    outside = next(k for k in keys.tolist() if spark_key_group(k, codes, 64) > 31)
+    with pytest.raises(ValueError, match="outside"):
+        part.set_current_key(outside)
+    with pytest.raises(ValueError, match="outside"):
+        part.get_state(ValueStateDescriptor("v")).update_many(keys, keys)
+    # keys of several columns are tuples
+    two = KeyedStateBackend(max_parallelism=64, spark_key_types=["string", "int"])
+    two.set_current_key(("user-7", 3))
+    assert two.get_current_key_group() == spark_key_group(("user-7", 3), spark_type_codes(["string", "int"]), 64)
+    with pytest.raises(ValueError, match="null"):
+        two.set_current_key((None, 3))
+    # checkpoints and snapshots record the function: another one is refused
+    storage = CheckpointStorage(tmp_path / "ck")
+    storage.save(b)
+    flink = KeyedStateBackend(max_parallelism=64)
+    with pytest.raises(ValueError, match="spark-murmur3-42:bigint"):
+        storage.restore(flink)
+    with pytest.raises(ValueError, match="spark-murmur3-42:bigint"):
+        flink.restore(b.snapshot())
+    same = KeyedStateBackend(max_parallelism=64, spark_key_types=["bigint"])
+    storage.restore(same)
+    same.set_current_key(7)
+    assert same.get_state(ValueStateDescriptor("v")).value() == 14
+    with pytest.raises(ValueError, match="not supported"):
+        KeyedStateBackend(spark_key_types=["map<string,int>"])
+    with pytest.raises(TypeError, match="sequence"):
+        KeyedStateBackend(spark_key_types="bigint")

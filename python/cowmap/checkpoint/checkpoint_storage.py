@@ -14,7 +14,6 @@ from cowmap.checkpoint.errors import CorruptCheckpointError
 from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, DataFileWriter, Section
 from cowmap.checkpoint.pending import decode_pending, encode_pending
 from cowmap.checkpoint.states import (
-    KEY_HASH,
     TOMBSTONE_COLUMNS,
     changed_timer_key_groups,
     changes_lost,
@@ -241,7 +240,7 @@ class CheckpointStorage:
             "parent": None if chain is None else parent,
             "max_parallelism": snap.max_parallelism,
             "key_group_range": kg_range,
-            "key_hash": KEY_HASH,
+            "key_hash": snap.key_hash,
             "timestamp": snap.timestamp,
             "states": headers,
             "timer_services": snap.timer_service_names(),
@@ -380,10 +379,10 @@ def _check_header(backend: KeyedStateBackend, r: DataFileReader) -> None:
             f"checkpoint file {r.path!r} has max_parallelism {h.get('max_parallelism')}, this backend "
             f"{backend.max_parallelism}: key groups cannot be mapped"
         )
-    if h.get("key_hash") != KEY_HASH:
+    if h.get("key_hash") != backend.key_hash:
         raise ValueError(
             f"checkpoint file {r.path!r} maps keys to key groups with {h.get('key_hash')!r}, "
-            f"this backend with {KEY_HASH!r}"
+            f"this backend with {backend.key_hash!r}"
         )
 
 

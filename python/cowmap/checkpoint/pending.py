@@ -16,7 +16,6 @@ import numpy as np
 from cowmap.checkpoint.columns import PICKLE, column_list, encode_column
 from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, Section
 from cowmap.state.backend import KeyedStateBackend
-from cowmap.state.keygroups import key_group_for
 
 __all__ = ["decode_pending", "encode_pending"]
 
@@ -24,8 +23,8 @@ __all__ = ["decode_pending", "encode_pending"]
 def encode_pending(backend: KeyedStateBackend, waiting: list[tuple[Any, Any]]) -> Section:
     """The section of ``waiting`` ``(key, record)`` pairs; ``TypeError`` naming
     the first record that cannot be pickled."""
-    par = backend.max_parallelism
-    kgs = np.fromiter((key_group_for(k, par) for k, _ in waiting), np.int64, len(waiting))
+    kg_of = backend.key_group_of
+    kgs = np.fromiter((kg_of(k) for k, _ in waiting), np.int64, len(waiting))
     try:
         pairs = encode_column(waiting, PICKLE)
     except Exception:

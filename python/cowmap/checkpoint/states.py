@@ -50,8 +50,6 @@ __all__ = [
     "timer_section_base",
 ]
 
-#: how a backend maps keys to key groups (recorded so a restore under another function fails)
-KEY_HASH = "cowmap-murmur-v1"
 
 
 def serializer_of(descriptor: StateDescriptor) -> Serializer:

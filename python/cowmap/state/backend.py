@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import inspect
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cowmap._context import KeyContext
 from cowmap._core import wall_clock_ms
+from cowmap._keygroups import spark_type_codes
 from cowmap.state.descriptors import (
     AggregatingStateDescriptor,
     ListStateDescriptor,
@@ -17,7 +18,7 @@ from cowmap.state.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
-from cowmap.state.keygroups import KeyGroupRange, _check_parallelism
+from cowmap.state.keygroups import FLINK_KEY_HASH, KeyGroupRange, _check_parallelism
 from cowmap.state.list_state import ListState, ListTable
 from cowmap.state.map_state import MapState, MapTable
 from cowmap.state.merging_states import AggregatingState, AggregatingTable, ReducingState, ReducingTable
@@ -51,6 +52,11 @@ class KeyedStateBackend:
             TTL (wall-clock time by default). An instance of a class whose
             ``__call__`` is a plain function is called through that function,
             looked up once here (every TTL access reads the time).
+        spark_key_types: the Spark SQL types of the key columns (e.g.
+            ``["bigint"]``, ``["string", "int"]``): key groups are then Spark's
+            ``pmod(hash(key columns), max_parallelism)``, so that they agree with
+            rows Spark routed by that expression; a key of several columns is a
+            tuple. By default key groups are Flink's (``key_group_for``).
 
     Not thread-safe: use a backend from one thread (snapshots may be read from others).
     """
@@ -68,6 +74,7 @@ class KeyedStateBackend:
         "_views",
         "_chain",
         "_timers",
+        "key_hash",
         "__weakref__",
     )
 
@@ -76,6 +83,7 @@ class KeyedStateBackend:
         max_parallelism: int = 128,
         key_group_range: KeyGroupRange | None = None,
         time_provider: Callable[[], int] | None = None,
+        spark_key_types: Sequence[str] | None = None,
     ) -> None:
         _check_parallelism("max_parallelism", max_parallelism)
         if key_group_range is None:
@@ -89,7 +97,16 @@ class KeyedStateBackend:
         self.max_parallelism = max_parallelism
         self.key_group_range = key_group_range
         clock = _direct_call(time_provider) if time_provider is not None else wall_clock_ms
-        self._kc = KeyContext(max_parallelism, key_group_range.start, key_group_range.end, clock)
+        if spark_key_types is not None:
+            if isinstance(spark_key_types, str) or not len(spark_key_types):
+                raise TypeError("spark_key_types must be a non-empty sequence of Spark SQL type names")
+            codes = spark_type_codes(spark_key_types)
+            #: the key-to-key-group function, as checkpoints record it
+            self.key_hash = "spark-murmur3-42:" + ",".join(str(t).lower() for t in spark_key_types)
+        else:
+            codes = None
+            self.key_hash = FLINK_KEY_HASH
+        self._kc = KeyContext(max_parallelism, key_group_range.start, key_group_range.end, clock, codes)
         #: ``set_current_key(key)``: make ``key`` the key that state accesses read and
         #: write (``TypeError`` for None / unhashable keys, ``ValueError`` for a key
         #: outside the backend's key-group range). Compiled.
@@ -109,6 +126,10 @@ class KeyedStateBackend:
 
     def get_current_key_group(self) -> int | None:
         return self._kc.key_group
+
+    def key_group_of(self, key: Any) -> int:
+        """The key group of ``key`` by this backend's function (owned or not)."""
+        return self._kc.key_group_for(key)
 
     @property
     def key_context(self) -> KeyContext:
@@ -238,7 +259,7 @@ class KeyedStateBackend:
         backend's maps track changes from now on (O(entries / 64) per map
         more, and a bit per entry of memory), and its timer services which
         key groups' timers changed."""
-        snap = KeyedStateSnapshot(self.max_parallelism, self.key_group_range, self.now())
+        snap = KeyedStateSnapshot(self.max_parallelism, self.key_group_range, self.now(), self.key_hash)
         if cut:
             self._chain = None  # the changes since the last checkpoint go to this snapshot alone
         for table in self._tables.values():
@@ -271,6 +292,11 @@ class KeyedStateBackend:
             raise ValueError(
                 f"snapshot has max_parallelism {snapshot.max_parallelism}, this backend "
                 f"{self.max_parallelism}: key groups cannot be mapped"
+            )
+        if snapshot.key_hash != self.key_hash:
+            raise ValueError(
+                f"snapshot maps keys to key groups with {snapshot.key_hash!r}, this backend with "
+                f"{self.key_hash!r}: its key groups would hold other keys"
             )
         snapshot._check()
         for name, s in snapshot._states.items():  # check everything before changing anything

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from cowmap._keygroups import key_group_for, key_groups_for, key_hash, murmur_hash
 
 __all__ = [
+    "FLINK_KEY_HASH",
     "UPPER_BOUND_MAX_PARALLELISM",
     "KeyGroupRange",
     "default_max_parallelism",
@@ -25,6 +26,10 @@ __all__ = [
     "murmur_hash",
     "operator_index_for_key_group",
 ]
+
+#: the name checkpoints record for this key-to-key-group function (a backend made with
+#: ``spark_key_types`` records Spark's instead)
+FLINK_KEY_HASH = "cowmap-murmur-v1"
 
 #: Flink's upper bound for (max) parallelism: 2**15.
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15

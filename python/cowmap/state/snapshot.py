@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cowmap.state.descriptors import StateDescriptor
-from cowmap.state.keygroups import KeyGroupRange
+from cowmap.state.keygroups import FLINK_KEY_HASH, KeyGroupRange
 from cowmap.state.timers import TimeDomain, TimerSnapshot
 
 if TYPE_CHECKING:
@@ -54,8 +54,12 @@ class KeyedStateSnapshot:
     as a context manager) so the backend stops copying on its behalf.
     """
 
-    def __init__(self, max_parallelism: int, key_group_range: KeyGroupRange, timestamp: int) -> None:
+    def __init__(
+        self, max_parallelism: int, key_group_range: KeyGroupRange, timestamp: int, key_hash: str = FLINK_KEY_HASH
+    ) -> None:
         self.max_parallelism = max_parallelism
+        #: the backend's key-to-key-group function (``KeyedStateBackend.key_hash``)
+        self.key_hash = key_hash
         self.key_group_range = key_group_range
         #: the backend's time when the snapshot was taken (ms)
         self.timestamp = timestamp
