@@ -245,7 +245,8 @@ def spark_key_group(key, codes, long max_parallelism):
 def spark_key_groups(columns, codes, long max_parallelism):
     """``pmod(hash(key columns), max_parallelism)`` of every row, as an int32
     numpy array: ``columns`` one sequence (numpy array, pandas Series, list)
-    per key column, ``codes`` from :func:`spark_type_codes`. int32/int64 numpy
+    per key column (numpy array, pandas Series, pyarrow Array, list), ``codes``
+    from :func:`spark_type_codes`. int32/int64 numpy
     columns of int/long keys run in a C loop; other columns value by value.
     A null anywhere: ValueError naming the row. O(rows x columns)."""
     cdef Py_ssize_t i, n, c
@@ -266,9 +267,10 @@ def spark_key_groups(columns, codes, long max_parallelism):
     for c in range(len(codes)):
         col = columns[c]
         code = codes[c]
-        arr = getattr(col, "to_numpy", None)
-        if arr is not None:
-            col = arr()
+        if type(col).__module__.startswith("pyarrow"):  # (to_numpy copies strings only when told to)
+            col = col.to_numpy(zero_copy_only=False)
+        elif hasattr(col, "to_numpy"):  # pandas
+            col = col.to_numpy()
         dtype = getattr(col, "dtype", None)
         if code == SH_LONG and dtype is not None and dtype.kind == "i" and getattr(col, "ndim", 1) == 1:
             a64 = np.ascontiguousarray(col, dtype=np.int64)

@@ -76,6 +76,11 @@ def test_hash_and_key_groups_equal_sparks(spark) -> None:
     strs = [r["s"] for r in got]
     kgs = spark_key_groups([longs, strs], spark_type_codes(["bigint", "string"]), 4096)
     assert kgs.tolist() == [r["kg_ls"] for r in got]
+    import pandas as pd
+    import pyarrow as pa
+
+    for cols in ([pd.Series(longs), pd.Series(strs)], [pa.array(longs), pa.array(strs)]):
+        assert spark_key_groups(cols, spark_type_codes(["bigint", "string"]), 4096).tolist() == kgs.tolist()
     ints = np.array([r["i"] for r in got], dtype=np.int32)
     assert spark_key_groups([ints], spark_type_codes(["int"]), 97).tolist() == [
         spark_key_group(r["i"], spark_type_codes(["int"]), 97) for r in got
