@@ -9,6 +9,7 @@ several columns.
 
 from __future__ import annotations
 
+import os
 import random
 
 import numpy as np
@@ -22,13 +23,19 @@ def spark():
     pytest.importorskip("pyspark", reason="pyspark is in the test extra: pip install '.[test]'")
     from pyspark.sql import SparkSession
 
-    s = (
-        SparkSession.builder.master("local[2]")
-        .appName("cowmap-key-groups")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
+    # a sanitizer build's LD_PRELOAD (docs/architecture.md) is for this Python, not for Spark's JVM
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        s = (
+            SparkSession.builder.master("local[2]")
+            .appName("cowmap-key-groups")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
     yield s
     s.stop()
 
