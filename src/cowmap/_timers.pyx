@@ -166,22 +166,28 @@ cdef class TimerService:
             raise RuntimeError(f"{what} needs a current key: call set_current_key first")
         if namespace is None:
             namespace = self._void
-        cdef uint32_t g = <uint32_t>(<long>kc.key_group - kc.lo)
-        cdef uint32_t h = cm_timer_hash(PyObject_Hash(key), PyObject_Hash(namespace), ts)
-        self._busy = True
+        r = self._apply(d, add, <uint32_t>(<long>kc.key_group - kc.lo), ts, key, namespace)
+        if r == 1 and add and d == PROCESSING and ts < self._scheduled:
+            self._schedule()
+        return r
+
+    cdef int _apply(self, int d, bint add, uint32_t g, int64_t ts, object key, object ns) except -1:
+        """Add (or remove) timer (ts, key, ns) of key group index ``g``: 1 if the
+        queue changed (the key group is marked changed), 0 if not."""
+        cdef int r
+        cdef uint32_t h = cm_timer_hash(PyObject_Hash(key), PyObject_Hash(ns), ts)
+        self._busy = True  # (hashing ran first: only comparisons run inside)
         try:
             if add:
-                r = cm_tq_add(&self._q[d], g, ts, key, namespace, h)
+                r = cm_tq_add(&self._q[d], g, ts, key, ns, h)
             else:
-                r = cm_tq_remove(&self._q[d], g, ts, key, namespace, h)
+                r = cm_tq_remove(&self._q[d], g, ts, key, ns, h)
         finally:
             self._busy = False
         if r == -2:
             raise RuntimeError("a key's or namespace's __eq__ changed the timers it was compared with")
         if r == 1:
             self._changed[d * self._q[d].nkg + g] = 1
-            if add and d == PROCESSING and ts < self._scheduled:
-                self._schedule()
         return r
 
     def register_event_time_timer(self, ts, namespace=None):
@@ -361,8 +367,7 @@ cdef class TimerService:
         except (TypeError, ValueError):  # not an int64 buffer: a sequence of ints
             tsv = array.array("q", ts)
         n = tsv.shape[0]
-        cdef uint32_t h, g
-        cdef int r
+        cdef uint32_t g
         cdef bint processing_added = False
         self._check()
         if not kc.lo <= kg <= kc.hi:
@@ -375,18 +380,8 @@ cdef class TimerService:
             ns = namespaces[i]
             if key is None or ns is None:
                 raise TypeError("a timer's key and namespace must not be None")
-            h = cm_timer_hash(PyObject_Hash(key), PyObject_Hash(ns), tsv[i])
-            self._busy = True
-            try:
-                r = cm_tq_add(&self._q[d], g, tsv[i], key, ns, h)
-            finally:
-                self._busy = False
-            if r == -2:
-                raise RuntimeError("a key's or namespace's __eq__ changed the timers it was compared with")
-            if r == 1:
-                self._changed[d * self._q[d].nkg + g] = 1
-                if d == PROCESSING and tsv[i] < self._scheduled:
-                    processing_added = True
+            if self._apply(d, True, g, tsv[i], key, ns) == 1 and d == PROCESSING and tsv[i] < self._scheduled:
+                processing_added = True
         if processing_added:
             self._schedule()
 
