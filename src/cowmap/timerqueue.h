@@ -415,7 +415,7 @@ static int cm_tq_add(cm_tqueue *q, uint32_t g, int64_t ts, PyObject *key, PyObje
     if (p != 0)
         return p > 0 ? 0 : (int)p;
     uint32_t mask_before = kg->mask;
-    uint32_t *slots_before = kg->slots;
+    uint64_t *slots_before = kg->slots;
     if (cm_kg_reserve(kg) < 0)
         return -1;
     if (kg->slots != slots_before || kg->mask != mask_before || s == UINT32_MAX) {
