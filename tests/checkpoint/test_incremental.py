@@ -316,3 +316,40 @@ def test_an_increment_holds_the_timers_that_changed_only(tmp_path: Path) -> None
         storage.restore(dst, cid)
         t = dst.get_timer_service("t")
         assert (t.num_event_time_timers(), t.num_processing_time_timers()) == (event, processing), cid
+
+
+def test_checkpoints_at_explicit_versions(tmp_path: Path) -> None:
+    """Saves under given ids (a micro-batch's version): a chain of increments, and a
+    version written again (a retried batch) replacing it and dropping the later ones."""
+    b = KeyedStateBackend(max_parallelism=16)
+    v = b.get_state(ValueStateDescriptor("v"))
+    storage = CheckpointStorage(tmp_path)
+    moments = {}
+    for version in (1, 2, 3):
+        for k in range(1000) if version == 1 else range(version * 10):  # a base, then small changes
+            b.set_current_key(k)
+            v.update(version)
+        assert storage.save(b, checkpoint_id=version) == version
+        moments[version] = contents(b)
+    assert storage.checkpoints() == [1, 2, 3]
+    assert [storage.manifest(i)["type"] for i in (1, 2, 3)] == ["full", "incremental", "incremental"]
+    # a retried batch 2: load version 1, redo the batch differently, commit version 2 again
+    retry = KeyedStateBackend(max_parallelism=16)
+    storage.restore(retry, 1)
+    rv = retry.get_state(ValueStateDescriptor("v"))
+    retry.set_current_key(99)
+    rv.update(-1)
+    assert storage.save(retry, checkpoint_id=2) == 2
+    assert storage.checkpoints() == [1, 2]  # version 3 was built on the replaced 2: gone
+    assert storage.manifest(2)["type"] == "incremental"  # chained to the version it loaded
+    for version, expected in ((1, moments[1]), (2, contents(retry))):
+        dst = KeyedStateBackend(max_parallelism=16)
+        storage.restore(dst, version)
+        assert contents(dst) == expected
+    assert storage.save(retry) == 3  # without an id: the next one
+    with pytest.raises(ValueError, match="at least 1"):
+        storage.save(b, checkpoint_id=0)
+    with pytest.raises(TypeError, match="int"):
+        storage.save(b, checkpoint_id="4")  # type: ignore[arg-type]
+    assert storage.save_async(b, checkpoint_id=7).result() == 7
+    assert storage.checkpoints() == [1, 2, 3, 7]

@@ -100,7 +100,10 @@ class CheckpointStorage:
 
     # ------------------------------------------------------------ saving
 
-    def save(self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None) -> int:
+    def save(
+        self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None,
+        checkpoint_id: int | None = None,
+    ) -> int:
         """Write the states of ``backend`` as a new checkpoint; returns its id
         (greater than every id in the directory). Consistent at the call (a
         copy-on-write snapshot).
@@ -122,23 +125,30 @@ class CheckpointStorage:
         records waiting for a busy key are not started but written with the
         checkpoint as ``(key, record)`` pairs (each must be picklable:
         ``TypeError`` naming the key otherwise, before anything is written), and
-        :meth:`restore` returns them. The waiting records then go on."""
+        :meth:`restore` returns them. The waiting records then go on.
+
+        ``checkpoint_id``: commit under this id (a version, e.g. a micro-batch's)
+        instead of the next one. An id that is committed already is written
+        again, and every checkpoint after it is dropped first (a retried or
+        restarted batch replaces the future it had written; later increments
+        may chain to it)."""
         _check_backend(backend)
-        cid, snap, pending, parent = self._begin(backend, controller, incremental)
+        cid, snap, pending, parent = self._begin(backend, controller, incremental, checkpoint_id)
         try:
             return self._write(backend, snap, pending, cid, parent)
         finally:
             snap.release()
 
     def save_async(
-        self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None
+        self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None,
+        checkpoint_id: int | None = None,
     ) -> SaveHandle:
         """Take the snapshot now (with ``controller``: as :meth:`save` says) and
         write it on a background thread while the caller goes on using
         ``backend``; the snapshot is released when the write ends. ``result()``
         of the handle gives the id or raises the write's error."""
         _check_backend(backend)
-        cid, snap, pending, parent = self._begin(backend, controller, incremental)
+        cid, snap, pending, parent = self._begin(backend, controller, incremental, checkpoint_id)
         future: Future[int] = Future()
 
         def run() -> None:
@@ -157,16 +167,25 @@ class CheckpointStorage:
         return SaveHandle(future)
 
     def _begin(
-        self, backend: KeyedStateBackend, controller: Any, incremental: bool
+        self, backend: KeyedStateBackend, controller: Any, incremental: bool, checkpoint_id: int | None = None
     ) -> tuple[int, KeyedStateSnapshot, Section | None, int | None]:
         """The new checkpoint's id, the cut it writes, with a controller the
         encoded records waiting at it, and the checkpoint the cut's changes
         are relative to when it may be written as an increment of it."""
         if controller is not None and getattr(controller, "backend", None) is not backend:
             raise ValueError("controller must be the AsyncExecutionController of the backend being saved")
-        cid = self._store.reserve_id()
+        if checkpoint_id is None:
+            cid = self._store.reserve_id()
+        elif not isinstance(checkpoint_id, int) or isinstance(checkpoint_id, bool):
+            raise TypeError(f"checkpoint_id must be an int, not {type(checkpoint_id).__name__}")
+        elif checkpoint_id < 1:
+            raise ValueError(f"checkpoint_id must be at least 1, got {checkpoint_id}")
+        else:
+            cid = checkpoint_id
         chain = backend._chain
         parent = chain[1] if incremental and chain is not None and chain[0] == self._key else None
+        if parent is not None and parent >= cid:
+            parent = None  # (an explicit id at or before the backend's last checkpoint here)
         pending = None
         if controller is not None:
             waiting = controller.begin_unaligned_checkpoint()
@@ -245,6 +264,7 @@ class CheckpointStorage:
             "states": headers,
             "timer_services": snap.timer_service_names(),
         }
+        self._drop_from(cid)
         encode = encode_block if chain is None else encode_changes
         kgs = {kg for name in names for kg in snap.key_groups(name)}
         kgs.update(kg for t in snap._timers.values() for kg in t.key_groups())
@@ -280,6 +300,17 @@ class CheckpointStorage:
             },
         )
         return cid
+
+    def _drop_from(self, cid: int) -> None:
+        """Before checkpoint ``cid`` is written: drop it and every later one if
+        ``cid`` was written before (uncommitted first, then their data)."""
+        store = self._store
+        committed = [i for i in store.committed() if i >= cid]
+        if committed:
+            store.delete([manifest_name(i) for i in committed])
+        stale = [name for name in store.names() if (i := data_id(name)) is not None and i >= cid]
+        if stale:
+            store.delete(stale)
 
     # ------------------------------------------------------------ restoring
 
