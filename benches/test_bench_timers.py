@@ -29,15 +29,12 @@ def test_register_delete_fire(benchmark, figures, workload):
     ours, theirs = [], []
 
     def run():
-        ours.append(timers._cowmap_round(keys, times))
-        theirs.append(timers._heapq_round(keys, times))  # alternating: drifting load hits both
+        ours.append(timers._round(timers._Cowmap, keys, times))
+        theirs.append(timers._round(timers._Heapq, keys, times))  # alternating: drifting load hits both
 
     benchmark.pedantic(run, rounds=ROUNDS, warmup_rounds=0, iterations=1)
     for f in ("register_ns", "delete_ns", "fire_ns"):
         figures.record(f"timers.{f}", sorted(x[f] for x in ours)[len(ours) // 2])
         figures.record(f"timers.heapq_{f}", sorted(x[f] for x in theirs)[len(theirs) // 2])
-    figures.record("timers.bytes_per_timer", timers._memory(timers._cowmap_registrar, keys, times))
-    figures.record(
-        "timers.heapq_bytes_per_timer",
-        timers._memory(lambda: timers.HeapqTimers(timers._on_timer).register, keys, times),
-    )
+    figures.record("timers.bytes_per_timer", timers._memory(timers._Cowmap, keys, times))
+    figures.record("timers.heapq_bytes_per_timer", timers._memory(timers._Heapq, keys, times))

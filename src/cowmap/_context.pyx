@@ -14,6 +14,8 @@ cimport cython
 
 from cowmap._keygroups cimport key_group_of, spark_key_group_of
 
+from cowmap._keygroups import column_key_groups, spark_column_key_groups
+
 cdef extern from "members.h":
     int cm_expose_member(object type, const char *name, Py_ssize_t offset, int writable) except -1
 
@@ -84,6 +86,14 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
         if type(now) is not int:
             raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
         return now
+
+    def column_key_groups(self, keys):
+        """The key groups of a column (an int64 array or a tuple of keys) by this
+        context's function, each checked to be within ``lo..hi``
+        (``_keygroups.column_key_groups`` says how)."""
+        if self.spark_codes is None:
+            return column_key_groups(keys, self.max_parallelism, self.lo, self.hi)
+        return spark_column_key_groups(keys, self.spark_codes, self.max_parallelism, self.lo, self.hi)
 
     def key_group_for(self, key):
         """The key group of ``key`` by this context's function (Flink's, or

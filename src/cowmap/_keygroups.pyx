@@ -222,24 +222,29 @@ cdef int32_t _spark_hash_one(object v, int code, int32_t seed, Py_ssize_t col) e
     return sh_hash_double(<double>v, seed)
 
 
+cdef int32_t _spark_hash(object key, tuple codes) except? -1:
+    cdef int32_t h = SH_SEED
+    cdef Py_ssize_t i, n = len(codes)
+    if n == 1 and type(key) is not tuple:
+        return _spark_hash_one(key, codes[0], h, 0)
+    if type(key) is not tuple or len(<tuple>key) != n:
+        raise ValueError(f"a key of {n} columns must be a tuple of {n} values, not {key!r}")
+    for i in range(n):
+        h = _spark_hash_one((<tuple>key)[i], codes[i], h, i)
+    return h
+
+
 def spark_hash(key, codes):
     """Spark SQL's ``hash(col, ...)`` of one key: ``key`` a value (one column) or a
     tuple (one value per column), ``codes`` from :func:`spark_type_codes`. An int
     outside its type's range: OverflowError; a null: ValueError. O(len(key))."""
-    cdef int32_t h = SH_SEED
-    cdef Py_ssize_t i
-    vals = key if len(codes) != 1 or type(key) is tuple else (key,)
-    if type(vals) is not tuple or len(<tuple>vals) != len(codes):
-        raise ValueError(f"a key of {len(codes)} columns must be a tuple of {len(codes)} values, not {key!r}")
-    for i in range(len(codes)):
-        h = _spark_hash_one((<tuple>vals)[i], codes[i], h, i)
-    return h
+    return _spark_hash(key, tuple(codes))
 
 
 def spark_key_group(key, codes, long max_parallelism):
     """``pmod(hash(key columns), max_parallelism)``, as Spark computes it."""
     _check_max_parallelism(max_parallelism)
-    return sh_pmod(spark_hash(key, codes), <int32_t>max_parallelism)
+    return sh_pmod(_spark_hash(key, tuple(codes)), <int32_t>max_parallelism)
 
 
 def spark_key_groups(columns, codes, long max_parallelism):
@@ -297,7 +302,7 @@ def spark_key_groups(columns, codes, long max_parallelism):
 
 cdef long spark_key_group_of(object key, tuple codes, long max_parallelism) except -1:
     """``spark_key_group`` for the key context (_context.pyx)."""
-    return sh_pmod(spark_hash(key, codes), <int32_t>max_parallelism)
+    return sh_pmod(_spark_hash(key, codes), <int32_t>max_parallelism)
 
 
 def spark_column_key_groups(keys, tuple codes, long max_parallelism, long lo, long hi):
@@ -314,7 +319,7 @@ def spark_column_key_groups(keys, tuple codes, long max_parallelism, long lo, lo
         out = result
         for i in range(n):
             try:
-                out[i] = sh_pmod(spark_hash((<tuple>keys)[i], codes), <int32_t>max_parallelism)
+                out[i] = sh_pmod(_spark_hash((<tuple>keys)[i], codes), <int32_t>max_parallelism)
             except (TypeError, ValueError, OverflowError) as e:
                 raise type(e)(f"keys[{i}]: {e}") from None
     else:

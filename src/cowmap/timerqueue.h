@@ -273,10 +273,22 @@ static int cm_kg_own(cm_kgq *g)
     return cm_kg_reserve(g);
 }
 
+/* a == b (1, 0, or -1 with an exception), a kept alive whatever __eq__ does. */
+static int cm_obj_eq(PyObject *a, PyObject *b)
+{
+    if (a == b)
+        return 1;
+    Py_INCREF(a);
+    int r = PyObject_RichCompareBool(a, b, Py_EQ);
+    Py_DECREF(a);
+    return r;
+}
+
 /* The heap position of timer (ts, key, ns) of hash h in key group g, or 0
  * with *free_slot set to the table slot it would take (UINT32_MAX: no table
  * yet); -1 with an exception if comparing keys or namespaces raised; -2 if
- * the Python code such a comparison ran changed this key group. */
+ * the Python code such a comparison ran changed this key group (slot s no
+ * longer holding e, or its timer another namespace). */
 static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns, uint32_t h, uint32_t *free_slot)
 {
     if (g->slots == NULL) {
@@ -293,30 +305,23 @@ static Py_ssize_t cm_kg_find(cm_kgq *g, int64_t ts, PyObject *key, PyObject *ns,
         uint32_t p = CM_SLOT_POS(e);
         cm_timer *t = &CM_HEAP(g->b)[p];
         if (CM_SLOT_HASH(e) == h && t->ts == ts) {
-            PyObject *tkey = t->key, *tns = t->ns;
-            int eq = 1;
-            if (tkey != key) {
-                Py_INCREF(tkey);  /* alive whatever __eq__ does */
-                eq = PyObject_RichCompareBool(tkey, key, Py_EQ);
-                Py_DECREF(tkey);
-            }
+            PyObject *tns = t->ns;
+#define CM_KG_CHANGED (g->slots == NULL || g->slots[s] != e || CM_HEAP(g->b)[p].ns != tns)
+            int eq = cm_obj_eq(t->key, key);
             if (eq < 0)
                 return -1;
-            if (g->slots == NULL || g->slots[s] != e || CM_HEAP(g->b)[p].ns != tns)
+            if (CM_KG_CHANGED)
                 return -2;
             if (eq) {
-                if (tns != ns) {
-                    Py_INCREF(tns);
-                    eq = PyObject_RichCompareBool(tns, ns, Py_EQ);
-                    Py_DECREF(tns);
-                }
+                eq = cm_obj_eq(tns, ns);
                 if (eq < 0)
                     return -1;
-                if (g->slots == NULL || g->slots[s] != e || CM_HEAP(g->b)[p].ns != tns)
+                if (CM_KG_CHANGED)
                     return -2;
                 if (eq)
                     return p;
             }
+#undef CM_KG_CHANGED
         }
         s = (s + 1) & g->mask;
     }

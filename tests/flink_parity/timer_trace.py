@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import runpy
 import shutil
 import subprocess
 import sys
@@ -151,24 +152,6 @@ def run_cowmap(lines: list[str]) -> list[str]:
     return out
 
 
-def flink_jar() -> str | None:
-    """The flink-dist 2.3.0 jar: COWMAP_FLINK_DIST_JAR, or pyflink's (apache-flink-libraries)."""
-    env = os.environ.get("COWMAP_FLINK_DIST_JAR")
-    if env:
-        return env if Path(env).is_file() else None
-    try:
-        import importlib.util
-
-        spec = importlib.util.find_spec("pyflink")
-    except (ImportError, ValueError):
-        return None
-    for loc in (spec.submodule_search_locations or []) if spec else []:
-        jar = Path(loc) / "lib" / "flink-dist-2.3.0.jar"
-        if jar.is_file():
-            return str(jar)
-    return None
-
-
 def run_flink(lines: list[str], jar: str) -> list[str]:
     """Compile FlinkTimerReplay.java and run the trace lines through Flink; the output lines."""
     java, javac = shutil.which("java"), shutil.which("javac")
@@ -207,7 +190,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=2023)
     p.add_argument("--ops", type=int, default=80)
     args = p.parse_args()
-    jar = flink_jar()
+    # trace.py (the state traces) finds the jar; run as a file: its name clashes with the stdlib's
+    found = runpy.run_path(str(HERE / "trace.py"))["find_flink_jar"]()
+    jar = str(found) if found is not None else None
     if jar is None:
         print("flink-dist jar not found (pip install apache-flink-libraries==2.3.0 or set COWMAP_FLINK_DIST_JAR)")
         return 2

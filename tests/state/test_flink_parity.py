@@ -28,32 +28,15 @@ Outside pytest: ``python tests/flink_parity/trace.py --help`` (per-configuration
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from parity_modules import PARITY_DIR, load
 
-PARITY_DIR = Path(__file__).resolve().parents[1] / "flink_parity"
-
-
-def _load_trace_module():
-    # loaded by path under its own name: "trace" would clash with the standard library module
-    name = "cowmap_flink_parity_trace"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, PARITY_DIR / "trace.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ft = _load_trace_module()
+ft = load("trace.py")
 
 TRACES_PER_CONFIG = int(os.environ.get("COWMAP_FLINK_PARITY_TRACES", "16"))
 OPS_PER_TRACE = int(os.environ.get("COWMAP_FLINK_PARITY_OPS", "70"))

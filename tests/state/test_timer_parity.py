@@ -13,31 +13,15 @@ jar, and runs without it. The random traces need the jar and a JDK and skip othe
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import random
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
+from parity_modules import PARITY_DIR, load
 
-PARITY_DIR = Path(__file__).resolve().parents[1] / "flink_parity"
-
-
-def _load() -> object:
-    name = "cowmap_flink_timer_trace"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, PARITY_DIR / "timer_trace.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tt = _load()
+tt = load("timer_trace.py")
+JAR = load("trace.py").find_flink_jar()
 RECORDED = tt.read_recorded(PARITY_DIR / "timer_traces.txt")
 
 
@@ -61,10 +45,10 @@ def test_canonical_keeps_all_but_the_order_within_a_time() -> None:
     assert tt.canonical(a) != tt.canonical(d)  # and the domain
 
 
-@pytest.mark.skipif(tt.flink_jar() is None or shutil.which("javac") is None,
+@pytest.mark.skipif(JAR is None or shutil.which("javac") is None,
                     reason="needs flink-dist-2.3.0.jar (apache-flink-libraries==2.3.0) and a JDK")
 def test_random_traces_against_flink() -> None:
     rng = random.Random(int(os.environ.get("COWMAP_FLINK_PARITY_SEED", "20230")))
     traces = [tt.random_trace(rng, i, 120) for i in range(60)]
     lines = [x for t in traces for x in t]
-    assert tt.canonical(tt.run_cowmap(lines)) == tt.canonical(tt.run_flink(lines, tt.flink_jar()))
+    assert tt.canonical(tt.run_cowmap(lines)) == tt.canonical(tt.run_flink(lines, str(JAR)))

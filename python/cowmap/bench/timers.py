@@ -81,34 +81,91 @@ def _workload(seed: int, keys: int = KEYS, per_key: int = PER_KEY) -> tuple[list
     return ks, [[r.randrange(1 << 40) for _ in range(per_key)] for _ in ks]
 
 
-def _cowmap_round(keys: list[int], times: list[list[int]]) -> dict[str, float]:
-    b = KeyedStateBackend()
-    svc = b.get_timer_service("bench", _on_timer)
-    sck, reg, dele = b.set_current_key, svc.register_event_time_timer, svc.delete_event_time_timer
+Keys = list[int]
+Times = list[list[int]]
+
+
+class _Cowmap:
+    """cowmap's side of a round: each key current while its timers are set, as
+    a record's processing would have it."""
+
+    def __init__(self) -> None:
+        b = KeyedStateBackend()
+        self.svc = b.get_timer_service("bench", _on_timer)
+        self.sck = b.set_current_key
+
+    def register_all(self, keys: Keys, times: Times) -> None:
+        sck, reg = self.sck, self.svc.register_event_time_timer
+        for k, ts in zip(keys, times):
+            sck(k)
+            for t in ts:
+                reg(t)
+
+    def delete_all(self, keys: Keys, times: Times) -> None:
+        sck, dele = self.sck, self.svc.delete_event_time_timer
+        for k, ts in zip(keys, times):
+            sck(k)
+            for t in ts:
+                dele(t)
+
+    def __len__(self) -> int:
+        return self.svc.num_event_time_timers()
+
+    def refill(self) -> _Cowmap:
+        return self  # its timers all deleted: fire what is registered again
+
+    def fire_all(self) -> int:
+        return self.svc.advance_watermark(1 << 40)
+
+
+class _Heapq:
+    """The heapq + dict side of a round: the key is an argument."""
+
+    def __init__(self) -> None:
+        self.svc = HeapqTimers(_on_timer)
+
+    def register_all(self, keys: Keys, times: Times) -> None:
+        reg = self.svc.register
+        for k, ts in zip(keys, times):
+            for t in ts:
+                reg(k, t)
+
+    def delete_all(self, keys: Keys, times: Times) -> None:
+        dele = self.svc.delete
+        for k, ts in zip(keys, times):
+            for t in ts:
+                dele(k, t)
+
+    def __len__(self) -> int:
+        return len(self.svc)
+
+    def refill(self) -> _Heapq:
+        return _Heapq()  # a fresh one: the lazily deleted entries would be skipped, not fired
+
+    def fire_all(self) -> int:
+        return self.svc.advance_watermark(1 << 40)
+
+
+def _round(make: Callable[[], _Cowmap | _Heapq], keys: Keys, times: Times) -> dict[str, float]:
+    """ns per timer to register every timer, delete every timer, and (registered
+    again) fire them all with one advance."""
+    side = make()
     n = sum(map(len, times))
     gc.collect()
     t0 = time.perf_counter()
-    for k, ts in zip(keys, times):
-        sck(k)
-        for t in ts:
-            reg(t)
+    side.register_all(keys, times)
     t1 = time.perf_counter()
-    if svc.num_event_time_timers() != n:
-        raise AssertionError(f"{svc.num_event_time_timers()} timers registered of {n}")
+    if len(side) != n:
+        raise AssertionError(f"{len(side)} timers registered of {n}")
     t2 = time.perf_counter()
-    for k, ts in zip(keys, times):
-        sck(k)
-        for t in ts:
-            dele(t)
+    side.delete_all(keys, times)
     t3 = time.perf_counter()
-    if svc.num_event_time_timers() != 0:
+    if len(side) != 0:
         raise AssertionError("timers left after deleting them all")
-    for k, ts in zip(keys, times):
-        sck(k)
-        for t in ts:
-            reg(t)
+    side = side.refill()
+    side.register_all(keys, times)
     t4 = time.perf_counter()
-    fired = svc.advance_watermark(1 << 40)
+    fired = side.fire_all()
     t5 = time.perf_counter()
     if fired != n:
         raise AssertionError(f"fired {fired} of {n}")
@@ -116,59 +173,17 @@ def _cowmap_round(keys: list[int], times: list[list[int]]) -> dict[str, float]:
             "fire_ns": (t5 - t4) / n * 1e9}
 
 
-def _heapq_round(keys: list[int], times: list[list[int]]) -> dict[str, float]:
-    svc = HeapqTimers(_on_timer)
-    reg, dele = svc.register, svc.delete
-    n = sum(map(len, times))
-    gc.collect()
-    t0 = time.perf_counter()
-    for k, ts in zip(keys, times):
-        for t in ts:
-            reg(k, t)
-    t1 = time.perf_counter()
-    t2 = time.perf_counter()
-    for k, ts in zip(keys, times):
-        for t in ts:
-            dele(k, t)
-    t3 = time.perf_counter()
-    svc = HeapqTimers(_on_timer)  # a fresh one: the lazily deleted entries would be skipped, not fired
-    reg = svc.register
-    for k, ts in zip(keys, times):
-        for t in ts:
-            reg(k, t)
-    t4 = time.perf_counter()
-    fired = svc.advance_watermark(1 << 40)
-    t5 = time.perf_counter()
-    if fired != n:
-        raise AssertionError(f"heapq fired {fired} of {n}")
-    return {"register_ns": (t1 - t0) / n * 1e9, "delete_ns": (t3 - t2) / n * 1e9,
-            "fire_ns": (t5 - t4) / n * 1e9}
-
-
-def _memory(make: Callable[[], Callable[[Any, int], object]], keys: list[int], times: list[list[int]]) -> float:
+def _memory(make: Callable[[], _Cowmap | _Heapq], keys: Keys, times: Times) -> float:
     """Bytes per timer that registering every timer allocates (tracemalloc), keys excluded."""
     gc.collect()
     tracemalloc.start()
     m0 = tracemalloc.get_traced_memory()[0]
-    reg = make()
-    for k, ts in zip(keys, times):
-        for t in ts:
-            reg(k, t)
+    side = make()
+    side.register_all(keys, times)
     mem = tracemalloc.get_traced_memory()[0] - m0
     tracemalloc.stop()
-    del reg
+    del side
     return mem / sum(map(len, times))
-
-
-def _cowmap_registrar() -> Callable[[Any, int], object]:
-    b = KeyedStateBackend()
-    svc = b.get_timer_service("bench", _on_timer)
-
-    def reg(k: Any, t: int, sck: Any = b.set_current_key, r: Any = svc.register_event_time_timer) -> None:
-        sck(k)
-        r(t)
-
-    return reg
 
 
 def run(repeats: int = 5, keys: int = KEYS, per_key: int = PER_KEY, seed: int = 11,
@@ -177,13 +192,13 @@ def run(repeats: int = 5, keys: int = KEYS, per_key: int = PER_KEY, seed: int = 
     ks, times = _workload(seed, keys, per_key)
     rounds: dict[str, list[dict[str, float]]] = {"cowmap": [], "heapq": []}
     for r in range(repeats):
-        for name, fn in (("cowmap", _cowmap_round), ("heapq", _heapq_round)):
-            rounds[name].append(fn(ks, times))
+        for name, make in (("cowmap", _Cowmap), ("heapq", _Heapq)):
+            rounds[name].append(_round(make, ks, times))
             gc.collect()
         c, h = rounds["cowmap"][-1], rounds["heapq"][-1]
         log(f"  round {r + 1}: " + ", ".join(
             f"{f} {c[f]:.0f} vs {h[f]:.0f}" for f in ("register_ns", "delete_ns", "fire_ns")))
-    for name, make in (("cowmap", _cowmap_registrar), ("heapq", lambda: HeapqTimers(_on_timer).register)):
+    for name, make in (("cowmap", _Cowmap), ("heapq", _Heapq)):
         mem = _memory(make, ks, times)
         for x in rounds[name]:
             x["bytes_per_timer"] = mem  # deterministic: measured once

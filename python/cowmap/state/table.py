@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from cowmap._context import KeyContext, StateView, TableCopier
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing
-from cowmap._keygroups import column_key_groups, spark_column_key_groups
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.ttl import StateVisibility, UpdateType, expired
 
@@ -329,10 +328,7 @@ class State(StateView):
 
         ks = key_column(keys)
         kc = self._kc
-        if kc.spark_codes is None:
-            kgs = column_key_groups(ks, kc.max_parallelism, kc.lo, kc.hi)
-        else:
-            kgs = spark_column_key_groups(ks, kc.spark_codes, kc.max_parallelism, kc.lo, kc.hi)
+        kgs = kc.column_key_groups(ks)
         if namespace is None:
             return ks, kgs, self._ns
         try:
