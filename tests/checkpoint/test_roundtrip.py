@@ -368,3 +368,18 @@ def test_long_int_columns_are_narrowed_short_ones_not(tmp_path: Any) -> None:
     dst = KeyedStateBackend(max_parallelism=1)
     storage.restore(dst)
     assert contents(dst) == contents(src)
+
+
+def test_metadata_is_kept_in_the_manifest(tmp_path: Any) -> None:
+    storage = CheckpointStorage(tmp_path)
+    backend = KeyedStateBackend(max_parallelism=8)
+    meta = {"watermark": -(2**63), "timestamp": 1_700_000_000_123, "names": ["a", "ü"]}
+    want = {k: list(v) if isinstance(v, list) else v for k, v in meta.items()}
+    cid = storage.save(backend, metadata=meta)
+    meta["timestamp"] = 0  # the checkpoint holds a copy taken at the call
+    assert storage.manifest(cid)["metadata"] == want
+    assert storage.manifest(storage.save(backend))["metadata"] is None
+    for bad in ({"x": object()}, [1, 2]):
+        with pytest.raises(TypeError, match="metadata"):
+            storage.save(backend, metadata=bad)  # type: ignore[arg-type]
+    assert storage.checkpoints() == [cid, cid + 1]  # nothing written for the refused ones

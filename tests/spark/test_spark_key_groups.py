@@ -9,7 +9,6 @@ several columns.
 
 from __future__ import annotations
 
-import os
 import random
 
 import numpy as np
@@ -18,42 +17,22 @@ import pytest
 from cowmap._keygroups import spark_hash, spark_key_group, spark_key_groups, spark_type_codes
 
 
-@pytest.fixture(scope="module")
-def spark():
-    pytest.importorskip("pyspark", reason="pyspark is in the test extra: pip install '.[test]'")
-    from pyspark.sql import SparkSession
-
-    # a sanitizer build's LD_PRELOAD (docs/architecture.md) is for this Python, not for Spark's JVM
-    preload = os.environ.pop("LD_PRELOAD", None)
-    try:
-        s = (
-            SparkSession.builder.master("local[2]")
-            .appName("cowmap-key-groups")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
-        )
-    finally:
-        if preload is not None:
-            os.environ["LD_PRELOAD"] = preload
-    yield s
-    s.stop()
-
-
 def _rows(seed: int, n: int) -> list[tuple]:
     r = random.Random(seed)
     words = ["", "a", "ab", "abc", "abcd", "abcde", "ümlaut", "日本語", "😀x", "key-0001", "x" * 37]
     rows = []
     for _ in range(n):
-        rows.append((
-            r.choice([0, 1, -1, 2**31 - 1, -(2**31), r.randint(-(2**31), 2**31 - 1)]),
-            r.choice([0, -1, 2**63 - 1, -(2**63), r.randint(-(2**63), 2**63 - 1), r.randint(-1000, 1000)]),
-            r.choice(words) + str(r.randint(0, 10**r.randint(0, 6))) * r.randint(0, 1),
-            bytes(r.randint(0, 255) for _ in range(r.randint(0, 9))),
-            r.random() < 0.5,
-            r.choice([0.0, -0.0, 1.5, -2.25, float("inf"), r.uniform(-1e6, 1e6)]),
-            r.choice([0.0, -0.0, 1e300, -3.5, float("nan"), r.uniform(-1e9, 1e9)]),
-        ))
+        rows.append(
+            (
+                r.choice([0, 1, -1, 2**31 - 1, -(2**31), r.randint(-(2**31), 2**31 - 1)]),
+                r.choice([0, -1, 2**63 - 1, -(2**63), r.randint(-(2**63), 2**63 - 1), r.randint(-1000, 1000)]),
+                r.choice(words) + str(r.randint(0, 10 ** r.randint(0, 6))) * r.randint(0, 1),
+                bytes(r.randint(0, 255) for _ in range(r.randint(0, 9))),
+                r.random() < 0.5,
+                r.choice([0.0, -0.0, 1.5, -2.25, float("inf"), r.uniform(-1e6, 1e6)]),
+                r.choice([0.0, -0.0, 1e300, -3.5, float("nan"), r.uniform(-1e9, 1e9)]),
+            )
+        )
     return rows
 
 

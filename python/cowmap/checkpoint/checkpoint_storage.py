@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from concurrent.futures import Future
@@ -102,7 +103,7 @@ class CheckpointStorage:
 
     def save(
         self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None,
-        checkpoint_id: int | None = None,
+        checkpoint_id: int | None = None, metadata: dict[str, Any] | None = None,
     ) -> int:
         """Write the states of ``backend`` as a new checkpoint; returns its id
         (greater than every id in the directory). Consistent at the call (a
@@ -131,29 +132,36 @@ class CheckpointStorage:
         instead of the next one. An id that is committed already is written
         again, and every checkpoint after it is dropped first (a retried or
         restarted batch replaces the future it had written; later increments
-        may chain to it)."""
+        may chain to it).
+
+        ``metadata``: a small JSON-able dict kept in the checkpoint's manifest
+        (``manifest(id)["metadata"]``), for what the caller must restore with
+        the state (a watermark, the time of the batch); ``TypeError`` before
+        anything is written if it is not JSON-able."""
         _check_backend(backend)
+        meta = _check_metadata(metadata)
         cid, snap, pending, parent = self._begin(backend, controller, incremental, checkpoint_id)
         try:
-            return self._write(backend, snap, pending, cid, parent)
+            return self._write(backend, snap, pending, cid, parent, meta)
         finally:
             snap.release()
 
     def save_async(
         self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None,
-        checkpoint_id: int | None = None,
+        checkpoint_id: int | None = None, metadata: dict[str, Any] | None = None,
     ) -> SaveHandle:
         """Take the snapshot now (with ``controller``: as :meth:`save` says) and
         write it on a background thread while the caller goes on using
         ``backend``; the snapshot is released when the write ends. ``result()``
         of the handle gives the id or raises the write's error."""
         _check_backend(backend)
+        meta = _check_metadata(metadata)
         cid, snap, pending, parent = self._begin(backend, controller, incremental, checkpoint_id)
         future: Future[int] = Future()
 
         def run() -> None:
             try:
-                future.set_result(self._write(backend, snap, pending, cid, parent))
+                future.set_result(self._write(backend, snap, pending, cid, parent, meta))
             except BaseException as e:  # noqa: BLE001 - handed to the caller through result()
                 future.set_exception(e)
             finally:
@@ -201,7 +209,7 @@ class CheckpointStorage:
 
     def _write(
         self, backend: KeyedStateBackend, snap: KeyedStateSnapshot, pending: Section | None, cid: int,
-        parent: int | None,
+        parent: int | None, metadata: dict[str, Any] | None = None,
     ) -> int:
         store = self._store
         try:
@@ -213,7 +221,7 @@ class CheckpointStorage:
             with store.lock:
                 store.writer = threading.get_ident()
                 try:
-                    return self._write_locked(snap, pending, cid, parent)
+                    return self._write_locked(snap, pending, cid, parent, metadata)
                 finally:
                     store.writer = None
         except BaseException:
@@ -244,7 +252,10 @@ class CheckpointStorage:
             return None
         return list(files)
 
-    def _write_locked(self, snap: KeyedStateSnapshot, pending: Section | None, cid: int, parent: int | None) -> int:
+    def _write_locked(
+        self, snap: KeyedStateSnapshot, pending: Section | None, cid: int, parent: int | None,
+        metadata: dict[str, Any] | None,
+    ) -> int:
         """Write checkpoint ``cid``: the data file (full, or an increment of
         ``parent``'s chain), then the manifest that commits it."""
         store = self._store
@@ -297,6 +308,7 @@ class CheckpointStorage:
                 "key_group_range": kg_range,
                 "states": names,
                 "state_headers": headers,
+                "metadata": metadata,
             },
         )
         return cid
@@ -401,6 +413,17 @@ class CheckpointStorage:
 def _check_backend(backend: Any) -> None:
     if not isinstance(backend, KeyedStateBackend):
         raise TypeError(f"expected a KeyedStateBackend, not {type(backend).__name__}")
+
+
+def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any] | None:
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict, not {type(metadata).__name__}")
+    try:
+        return json.loads(json.dumps(metadata))  # a copy: the caller may change theirs meanwhile
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"metadata must be JSON-able: {e}") from None
 
 
 def _check_header(backend: KeyedStateBackend, r: DataFileReader) -> None:

@@ -1,0 +1,107 @@
+"""``ctx.groups(batch)``: a micro-batch's rows grouped by key, with the key current.
+
+The batch is ordered by key once (a stable argsort of factorized key codes, in
+C); a group's :class:`Rows` is then two integers over that order, and a column
+of it a slice of the batch's column reordered once on first use — no DataFrame
+per key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["Rows", "group_rows"]
+
+
+class _Ordered:
+    """A batch and its rows' order by key; columns reordered on first use."""
+
+    __slots__ = ("frame", "order", "_cols")
+
+    def __init__(self, frame: pd.DataFrame, order: np.ndarray) -> None:
+        self.frame = frame
+        self.order = order
+        self._cols: dict[str, np.ndarray] = {}
+
+    def column(self, name: str) -> np.ndarray:
+        col = self._cols.get(name)
+        if col is None:
+            try:
+                values = self.frame[name]
+            except KeyError:
+                raise KeyError(f"no column {name!r} in the batch (columns: {list(self.frame.columns)})") from None
+            col = self._cols[name] = values.to_numpy()[self.order]
+        return col
+
+
+class Rows:
+    """The rows of one key in a micro-batch: ``len(rows)``, ``rows["col"]`` (a
+    numpy array, in the batch's order), ``rows.index`` (their positions in the
+    batch) and ``rows.to_pandas()``. O(1) to make; a column is O(rows) the first
+    time any group reads it (the whole batch's column is reordered then)."""
+
+    __slots__ = ("_o", "start", "stop")
+
+    def __init__(self, ordered: _Ordered, start: int, stop: int) -> None:
+        self._o = ordered
+        self.start = start
+        self.stop = stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._o.column(name)[self.start : self.stop]
+
+    @property
+    def index(self) -> np.ndarray:
+        return self._o.order[self.start : self.stop]
+
+    def to_pandas(self) -> pd.DataFrame:
+        """These rows as a DataFrame (a copy; the slow way, for code that needs one)."""
+        return self._o.frame.iloc[self.index]
+
+    def __repr__(self) -> str:
+        return f"<Rows {len(self)} of {len(self._o.order)}>"
+
+
+def _factorize(frame: pd.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, list[Any]]:
+    """Per row a code of its key (0.. in order of first appearance) and the keys
+    by code: scalars for one key column, tuples for several."""
+    if len(keys) == 1:
+        codes, uniques = pd.factorize(frame[keys[0]], sort=False, use_na_sentinel=True)
+        values = uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)
+    else:
+        codes, uniques = pd.MultiIndex.from_frame(frame[list(keys)]).factorize(sort=False)
+        values = [tuple(_plain(v) for v in t) for t in uniques.tolist()]
+    if len(codes) and codes.min() < 0:
+        raise ValueError(f"a key column ({', '.join(keys)}) holds a null: keys must not be null")
+    return codes, values
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def group_rows(
+    frame: pd.DataFrame, keys: Sequence[str], set_current_key: Callable[[Any], None]
+) -> Iterator[tuple[Any, Rows]]:
+    """Yield ``(key, rows)`` per distinct key of ``frame`` in order of first
+    appearance, each with ``set_current_key(key)`` done. O(n log n) once, then
+    O(1) per group."""
+    n = len(frame)
+    if n == 0:
+        return
+    codes, values = _factorize(frame, keys)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(np.bincount(codes, minlength=len(values)), out=bounds[1:])
+    ordered = _Ordered(frame, order)
+    starts = bounds.tolist()
+    for i, key in enumerate(values):
+        set_current_key(key)
+        yield key, Rows(ordered, starts[i], starts[i + 1])

@@ -1,0 +1,150 @@
+"""``apply_with_state``: the driver's side — validate, route by key group, plan the UDF."""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import DataType, StructType
+
+from cowmap._keygroups import spark_type_codes
+from cowmap.spark.layout import Location
+from cowmap.spark.task import KG_COLUMN, TS_COLUMN, Plan, run_partition
+from cowmap.state.keygroups import _check_parallelism
+
+__all__ = ["apply_with_state"]
+
+_OPERATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+
+
+def apply_with_state(
+    df: DataFrame,
+    keys: str | Sequence[str],
+    processor: Any,
+    schema: StructType | str,
+    *,
+    checkpoint_location: str,
+    num_partitions: int | None = None,
+    max_parallelism: int = 4096,
+    name: str | None = None,
+    event_time: str | None = None,
+    watermark_delay_ms: int = 0,
+    retain_versions: int = 5,
+) -> DataFrame:
+    """Run ``processor`` over ``df`` (batch or streaming) with Flink-style keyed
+    state kept between micro-batches under ``checkpoint_location``.
+
+    Rows are routed by key group: Spark computes ``pmod(hash(keys),
+    max_parallelism)`` and ``repartitionById`` sends each row to the partition
+    owning that key group's range (no Python pass before the shuffle). In each
+    task, ``processor()`` is made, ``open(ctx)`` registers its states (a
+    :class:`~cowmap.spark.StateContext`), ``process(batch, ctx)`` gets every row
+    of the partition in the micro-batch as one pandas DataFrame and returns a
+    DataFrame with ``schema``'s columns (or an iterator of them, or None); then
+    due timers call ``on_timer(key, timestamp, ctx)`` (returning a dict, a list
+    of them, a DataFrame or None), ``close()`` runs, and the state is committed.
+    ``process`` is not called for a partition without rows in a micro-batch
+    (its timers still fire).
+
+    State versions follow Spark's micro-batches: batch ``b`` loads version ``b``
+    of its key-group range and commits ``b + 1`` after its output is produced,
+    so a retried or restarted batch starts from the same state and leaves no
+    double counts. TTL and processing-time timers use the micro-batch's time
+    (``current_timestamp()``), so a retry rebuilds the same state. A batch
+    (not streaming) query goes on from the newest version in the location.
+
+    Args:
+        keys: the key column(s); a key is a scalar for one column, a tuple for several.
+        processor: a class (or any callable) making the per-task processor.
+        schema: the output schema (a ``StructType`` or a DDL string).
+        checkpoint_location: a directory (local path or a URI of a filesystem
+            pyarrow knows) for this operator's state; not Spark's own checkpoint.
+        num_partitions: the number of tasks (the session's
+            ``spark.sql.shuffle.partitions`` by default). It may change between
+            runs: the state is rescaled by key-group range.
+        max_parallelism: the number of key groups, fixed for the query's life.
+        name: the operator's name in ``checkpoint_location`` (the processor's
+            class name by default); two operators of one query need two names.
+        event_time: a timestamp (or epoch-ms integer) column; with it each
+            partition keeps an event-time watermark, the latest event time seen
+            minus ``watermark_delay_ms``, which fires event-time timers after a batch.
+        retain_versions: committed versions kept per key-group range (at least 2:
+            a restart may go back one batch).
+
+    Returns the output DataFrame (streaming if ``df`` is).
+    """
+    if not isinstance(df, DataFrame):
+        raise TypeError(f"df must be a pyspark DataFrame, not {type(df).__name__}")
+    key_list = [keys] if isinstance(keys, str) else list(keys)
+    if not key_list or not all(isinstance(k, str) for k in key_list):
+        raise TypeError(f"keys must be a column name or a non-empty list of them, got {keys!r}")
+    fields = {f.name: f for f in df.schema.fields}
+    for k in key_list:
+        if k not in fields:
+            raise ValueError(f"unknown key column {k!r}; the DataFrame has {list(fields)}")
+    key_types = [fields[k].dataType.simpleString() for k in key_list]
+    spark_type_codes(key_types)  # ValueError naming an unsupported key type
+    if not callable(processor):
+        raise TypeError(f"processor must be a class (or callable) making the processor, not {type(processor).__name__}")
+    if not callable(getattr(processor, "process", None)) and isinstance(processor, type):
+        raise TypeError(f"processor {processor.__name__} has no process(batch, ctx) method")
+    out_schema = _schema(schema)
+    _check_parallelism("max_parallelism", max_parallelism)
+    if num_partitions is None:
+        num_partitions = int(df.sparkSession.conf.get("spark.sql.shuffle.partitions") or 200)
+    _check_parallelism("num_partitions", num_partitions)
+    if num_partitions > max_parallelism:
+        raise ValueError(f"num_partitions {num_partitions} exceeds max_parallelism {max_parallelism}")
+    if event_time is not None and event_time not in fields:
+        raise ValueError(f"unknown event_time column {event_time!r}; the DataFrame has {list(fields)}")
+    if not isinstance(watermark_delay_ms, int) or watermark_delay_ms < 0:
+        raise ValueError(f"watermark_delay_ms must be an int >= 0, got {watermark_delay_ms!r}")
+    if not isinstance(retain_versions, int) or retain_versions < 2:
+        raise ValueError(f"retain_versions must be an int >= 2, got {retain_versions!r}")
+    for internal in (KG_COLUMN, TS_COLUMN):
+        if internal in fields:
+            raise ValueError(f"the DataFrame has a column named {internal!r}, which cowmap.spark uses itself")
+    operator = name if name is not None else getattr(processor, "__qualname__", type(processor).__name__)
+    if not isinstance(operator, str) or not _OPERATOR_NAME.match(operator):
+        raise ValueError(f"name must be 1-200 letters, digits, '_', '.', '-', got {operator!r}")
+
+    location = Location(checkpoint_location, operator)
+    key_hash = "spark-murmur3-42:" + ",".join(t.lower() for t in key_types)
+    layout = location.use(num_partitions, max_parallelism, key_hash)
+    plan = Plan(
+        location=location,
+        layout=layout,
+        keys=key_list,
+        key_types=key_types,
+        processor=processor,
+        out_columns=out_schema.fieldNames(),
+        streaming=df.isStreaming,
+        batch_id=0 if df.isStreaming else location.latest_version(),
+        event_time=event_time,
+        watermark_delay_ms=watermark_delay_ms,
+        retain_versions=retain_versions,
+        warm_key=(location.uri, operator),
+    )
+
+    null_key = functools.reduce(lambda a, b: a | b, [F.col(k).isNull() for k in key_list])
+    null_error = F.raise_error(F.lit(f"cowmap.spark: a null key in column(s) {key_list}: keys must not be null"))
+    kg = F.when(null_key, null_error)
+    kg = kg.otherwise(F.pmod(F.hash(*[F.col(k) for k in key_list]), F.lit(max_parallelism)))
+    routed = df.withColumn(KG_COLUMN, kg.cast("int")).withColumn(TS_COLUMN, F.unix_millis(F.current_timestamp()))
+    partition = F.expr(f"cast((`{KG_COLUMN}` * {num_partitions}) div {max_parallelism} as int)")
+    routed = routed.repartitionById(num_partitions, partition)
+    return routed.mapInPandas(functools.partial(run_partition, plan), out_schema)
+
+
+def _schema(schema: StructType | str) -> StructType:
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str):
+        parsed = DataType.fromDDL(schema)
+        if isinstance(parsed, StructType):
+            return parsed
+    raise TypeError(f"schema must be a StructType or a DDL string of columns, not {schema!r}")

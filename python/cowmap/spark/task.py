@@ -1,0 +1,252 @@
+"""What runs in a Spark task: load a key-group range's state, process the rows,
+fire due timers, commit the next version.
+
+A task of micro-batch ``b`` needs version ``b`` of its range. A Python worker
+keeps the backends it committed (:data:`_WARM`, a few, least recently used
+first out) and reuses one when it holds exactly that version; otherwise it
+restores from the checkpoints (workers move between partitions, are stopped
+when idle, and die with failed tasks). Version ``b + 1`` is committed only
+after every output row was handed to Spark; any error drops the backend, so a
+retried attempt starts again from version ``b``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from cowmap.spark.context import StateContext
+from cowmap.spark.layout import Layout, Location
+from cowmap.state import NO_WATERMARK, KeyedStateBackend, KeyGroupRange, TimeDomain
+
+__all__ = ["KG_COLUMN", "TS_COLUMN", "Plan", "run_partition"]
+
+#: the columns the query adds before the shuffle: key group, batch time (ms)
+KG_COLUMN = "__cowmap_kg"
+TS_COLUMN = "__cowmap_ts"
+
+#: backends kept warm per Python worker
+WARM_BACKENDS = 4
+
+
+@dataclass
+class Plan:
+    """Everything a task needs, made on the driver and shipped with the UDF."""
+
+    location: Location
+    layout: Layout
+    keys: list[str]
+    key_types: list[str]
+    processor: Any
+    out_columns: list[str]
+    streaming: bool
+    batch_id: int  # a batch query's run (a streaming task reads its micro-batch's id from Spark)
+    event_time: str | None = None
+    watermark_delay_ms: int = 0
+    retain_versions: int = 5
+    warm_key: tuple[Any, ...] = field(default=())
+
+
+class _Clock:
+    """The backend's time: the micro-batch's, set before each batch."""
+
+    __slots__ = ("ms",)
+
+    def __init__(self, ms: int) -> None:
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+@dataclass
+class _Warm:
+    backend: KeyedStateBackend
+    clock: _Clock
+    version: int
+    watermark: int
+    timestamp: int
+
+
+_WARM: OrderedDict[tuple[Any, ...], _Warm] = OrderedDict()
+
+
+def _batch_id(plan: Plan, tc: Any) -> int:
+    if not plan.streaming:
+        return plan.batch_id
+    raw = tc.getLocalProperty("streaming.sql.batchId") if tc is not None else None
+    if raw is None:
+        raise RuntimeError("cowmap.spark: a streaming task without Spark's micro-batch id (streaming.sql.batchId)")
+    return int(raw)
+
+
+def _load(plan: Plan, kg_range: KeyGroupRange, version: int) -> _Warm:
+    clock = _Clock(0)
+    backend = KeyedStateBackend(
+        plan.layout.max_parallelism, kg_range, time_provider=clock, spark_key_types=plan.key_types
+    )
+    warm = _Warm(backend, clock, version, NO_WATERMARK, 0)
+    if version == 0:
+        return warm
+    marks, times = [], []
+    for storage in plan.location.sources(plan.layout, kg_range, version):
+        storage.restore(backend, version)
+        meta = storage.manifest(version).get("metadata") or {}
+        marks.append(int(meta.get("watermark", NO_WATERMARK)))
+        times.append(int(meta.get("timestamp", 0)))
+    # a range made of several old ones: the slowest old watermark (as Flink takes
+    # the minimum over its inputs), the latest time
+    warm.watermark = min(marks)
+    warm.timestamp = max(times)
+    return warm
+
+
+def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame:
+    if not isinstance(out, pd.DataFrame):
+        raise TypeError(f"cowmap.spark: {where} must return pandas DataFrames, got {type(out).__name__}")
+    missing = [c for c in columns if c not in out.columns]
+    if missing:
+        raise ValueError(
+            f"cowmap.spark: {where} returned columns {list(out.columns)}; the schema needs {columns} "
+            f"(missing: {missing})"
+        )
+    return out[columns] if list(out.columns) != columns else out
+
+
+def _outputs(result: Any, columns: list[str], where: str) -> Iterator[pd.DataFrame]:
+    if result is None:
+        return
+    if isinstance(result, pd.DataFrame):
+        yield _check_output(result, columns, where)
+        return
+    if not isinstance(result, Iterable):
+        raise TypeError(
+            f"cowmap.spark: {where} must return a DataFrame or an iterator of them, not {type(result).__name__}"
+        )
+    for out in result:
+        yield _check_output(out, columns, where)
+
+
+class _TimerOutput:
+    """Calls the processor's ``on_timer`` for each firing timer and keeps what it returns."""
+
+    def __init__(self, processor: Any, columns: list[str]) -> None:
+        self.fn = getattr(processor, "on_timer", None)
+        self.columns = columns
+        self.rows: list[dict[str, Any]] = []
+        self.frames: list[pd.DataFrame] = []
+        self.ctx: StateContext | None = None
+
+    def __call__(self, ts: int, key: Any, namespace: Any, domain: TimeDomain) -> None:
+        if self.fn is None:
+            raise TypeError("cowmap.spark: a timer fired but the processor has no on_timer(key, timestamp, ctx)")
+        ctx = self.ctx
+        assert ctx is not None
+        ctx.timer_domain, ctx.timer_namespace = TimeDomain(domain), namespace
+        try:
+            out = self.fn(key, ts, ctx)
+        finally:
+            ctx.timer_domain = ctx.timer_namespace = None
+        if out is None:
+            return
+        if isinstance(out, dict):
+            self.rows.append(out)
+        elif isinstance(out, pd.DataFrame):
+            self.frames.append(_check_output(out, self.columns, "on_timer"))
+        else:
+            for row in out:
+                if not isinstance(row, dict):
+                    raise TypeError(
+                        "cowmap.spark: on_timer must return a dict, a DataFrame, a list of dicts or None, "
+                        f"got a {type(row).__name__} in a list"
+                    )
+                self.rows.append(row)
+
+    def drain(self) -> Iterator[pd.DataFrame]:
+        if self.rows:
+            yield _check_output(pd.DataFrame(self.rows), self.columns, "on_timer")
+            self.rows = []
+        yield from self.frames
+        self.frames = []
+
+
+def _batch_frame(chunks: list[pd.DataFrame]) -> pd.DataFrame:
+    if len(chunks) == 1:
+        return chunks[0]
+    return pd.concat(chunks, ignore_index=True)
+
+
+def _event_time_ms(col: pd.Series) -> int:
+    if pd.api.types.is_datetime64_any_dtype(col):
+        return int(col.max().value // 1_000_000) if col.notna().any() else NO_WATERMARK
+    return int(col.max())
+
+
+def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """The ``mapInPandas`` function: this partition's rows of one micro-batch in,
+    the processor's output out, then the state committed as the next version."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    partition = tc.partitionId() if tc is not None else 0
+    batch_id = _batch_id(plan, tc)
+    kg_range = plan.layout.range_of(partition)
+    chunks = [c for c in chunks_in if len(c)]
+    batch = _batch_frame(chunks) if chunks else None
+
+    key = (*plan.warm_key, plan.layout.id, kg_range.start, kg_range.end)
+    warm = _WARM.pop(key, None)
+    if warm is None or warm.version != batch_id:
+        warm = None  # (dropped before the restore: one range's state in memory at a time)
+        warm = _load(plan, kg_range, batch_id)
+    backend = warm.backend
+
+    if batch is not None:
+        kgs = batch[KG_COLUMN].to_numpy()
+        if kgs.min() < kg_range.start or kgs.max() > kg_range.end:
+            raise RuntimeError(
+                f"cowmap.spark: partition {partition} (key groups {kg_range.start}..{kg_range.end}) got rows of key "
+                f"groups {int(kgs.min())}..{int(kgs.max())}: the rows were not routed by this query's plan"
+            )
+        warm.timestamp = max(warm.timestamp, int(batch[TS_COLUMN].iloc[0]))
+        batch = batch.drop(columns=[KG_COLUMN, TS_COLUMN])
+    warm.clock.ms = warm.timestamp
+
+    processor = plan.processor()
+    timers = _TimerOutput(processor, plan.out_columns)
+    ctx = StateContext(backend, plan.keys, partition, batch_id, warm.timestamp, warm.watermark, timers)
+    timers.ctx = ctx
+    opened = getattr(processor, "open", None)
+    if opened is not None:
+        opened(ctx)
+    for name in backend.timer_service_names():
+        backend.get_timer_service(name, timers)  # (restored services fire into this batch's processor)
+    if batch is not None:
+        yield from _outputs(processor.process(batch, ctx), plan.out_columns, "process")
+        if plan.event_time is not None:
+            latest = _event_time_ms(batch[plan.event_time])
+            if latest != NO_WATERMARK:
+                warm.watermark = max(warm.watermark, latest - plan.watermark_delay_ms)
+    for name in backend.timer_service_names():
+        svc = backend.get_timer_service(name, timers)
+        svc.advance_processing_time(warm.timestamp)
+        if warm.watermark != NO_WATERMARK:
+            svc.advance_watermark(warm.watermark)
+        yield from timers.drain()
+    closed = getattr(processor, "close", None)
+    if closed is not None:
+        closed()
+
+    storage = plan.location.storage(plan.layout, kg_range)
+    storage.save(
+        backend, checkpoint_id=batch_id + 1, metadata={"watermark": warm.watermark, "timestamp": warm.timestamp}
+    )
+    storage.retain(plan.retain_versions)
+    warm.version = batch_id + 1
+    _WARM[key] = warm
+    while len(_WARM) > WARM_BACKENDS:
+        _WARM.popitem(last=False)

@@ -1,0 +1,294 @@
+"""``cowmap.spark.apply_with_state`` on a real local SparkSession (``local[2,4]``).
+
+Every query's output is compared with a pure-pandas reference of the same
+micro-batches: counts that go on across runs, restarts and changes of the
+number of partitions; a task failing before its commit; TTL across batches;
+event-time timers; and bad input failing with a clear message while the last
+committed state stays as it was.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from processors import (
+    CountColumnar,
+    CountPairs,
+    CountPerKey,
+    Dedup,
+    FailOnce,
+    Raising,
+    Sessions,
+    WrongColumns,
+    fail_once_downstream,
+)
+
+pytest.importorskip("pyspark", reason="pyspark is in the test extra: pip install '.[test]'")
+
+from cowmap import key_group_range_for_operator
+from cowmap._keygroups import spark_key_group, spark_type_codes
+from cowmap.spark import apply_with_state
+
+EVENTS = "k long, v long"
+COUNTS = "k long, n long"
+
+
+def _events(seed: int, n: int, keys: int) -> pd.DataFrame:
+    r = np.random.default_rng(seed)
+    return pd.DataFrame({"k": r.integers(0, keys, n), "v": r.integers(0, 100, n)})
+
+
+def _counts_reference(batches: list[pd.DataFrame]) -> Counter:
+    """(key, running count after the batch) for every key of every batch."""
+    total: Counter = Counter()
+    out: Counter = Counter()
+    for b in batches:
+        for k, n in b.groupby("k").size().items():
+            total[k] += n
+            out[(int(k), total[k])] += 1
+    return out
+
+
+def _rows(df: pd.DataFrame, *cols: str) -> Counter:
+    return Counter(
+        tuple(int(x) if isinstance(x, np.integer) else x for x in row) for row in df[list(cols)].itertuples(index=False)
+    )
+
+
+class Stream:
+    """Micro-batches as parquet files, one per trigger, read by a file stream."""
+
+    def __init__(self, spark, tmp: Path, schema: str) -> None:
+        self.spark = spark
+        self.schema = schema
+        self.src = tmp / "src"
+        self.src.mkdir()
+        self.spark_checkpoint = str(tmp / "spark-checkpoint")
+        self.state = str(tmp / "state")
+        self.sink = str(tmp / "sink")
+        self.files = 0
+
+    def add(self, batch: pd.DataFrame) -> None:
+        path = self.src / f"part-{self.files:04d}.parquet"
+        batch.to_parquet(path, index=False)
+        os.utime(path, (1_700_000_000 + self.files, 1_700_000_000 + self.files))  # (read in this order)
+        self.files += 1
+
+    def run(self, processor, out_schema: str, keys="k", **kw) -> pd.DataFrame:
+        """Process the files not processed yet, one micro-batch each, into the
+        parquet sink (exactly once across restarts); the sink's whole output."""
+        df = self.spark.readStream.schema(self.schema).option("maxFilesPerTrigger", 1).parquet(str(self.src))
+        out = apply_with_state(df, keys, processor, out_schema, checkpoint_location=self.state, **kw)
+        q = (
+            out.writeStream.format("parquet")
+            .option("path", self.sink)
+            .outputMode("append")
+            .option("checkpointLocation", self.spark_checkpoint)
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            q.awaitTermination()
+        finally:
+            q.stop()
+        return self.spark.read.schema(out_schema).parquet(self.sink).toPandas()
+
+
+@pytest.mark.parametrize("processor", [CountPerKey, CountColumnar], ids=["per-key", "columnar"])
+def test_stream_restarts_and_rescales_keep_every_count(spark, tmp_path, processor) -> None:
+    batches = [_events(i, 400, 60) for i in range(6)]
+    s = Stream(spark, tmp_path, EVENTS)
+    for i, parts in enumerate([2, 3, 2]):  # a restart each time, with another number of partitions
+        s.add(batches[2 * i])
+        s.add(batches[2 * i + 1])
+        out = s.run(processor, COUNTS, num_partitions=parts)
+    assert _rows(out, "k", "n") == _counts_reference(batches)
+
+
+def test_batch_query_goes_on_from_the_last_run(spark, tmp_path) -> None:
+    batches = [_events(10 + i, 300, 40) for i in range(3)]
+    got: Counter = Counter()
+    for b, parts in zip(batches, [2, 4, 1], strict=True):
+        df = spark.createDataFrame(b, EVENTS)
+        got += _rows(
+            apply_with_state(
+                df, "k", CountPerKey, COUNTS, checkpoint_location=str(tmp_path), num_partitions=parts
+            ).toPandas(),
+            "k",
+            "n",
+        )
+    assert got == _counts_reference(batches)
+
+
+def test_two_key_columns_make_tuple_keys(spark, tmp_path) -> None:
+    r = np.random.default_rng(3)
+    batches = [
+        pd.DataFrame(
+            {
+                "user": r.choice(["ann", "bob", "čeněk", "日本", ""], 200),
+                "region": r.integers(0, 4, 200).astype("int32"),
+            }
+        )
+        for _ in range(2)
+    ]
+    total: Counter = Counter()
+    want: Counter = Counter()
+    got: Counter = Counter()
+    for b in batches:
+        for (u, g), n in b.groupby(["user", "region"]).size().items():
+            total[(u, g)] += n
+            want[(u, int(g), total[(u, g)])] += 1
+        df = spark.createDataFrame(b, "user string, region int")
+        out = apply_with_state(
+            df,
+            ["user", "region"],
+            CountPairs,
+            "user string, region int, n long",
+            checkpoint_location=str(tmp_path),
+            num_partitions=3,
+        )
+        got += _rows(out.toPandas(), "user", "region", "n")
+    assert got == want
+
+
+def test_a_task_failing_before_its_commit_counts_nothing_twice(spark, tmp_path) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    batches = [_events(20 + i, 300, 30) for i in range(3)]
+    s = Stream(spark, tmp_path, EVENTS)
+    for b in batches:
+        s.add(b)
+    got = _rows(s.run(functools.partial(FailOnce, str(markers)), COUNTS, num_partitions=2, name="counts"), "k", "n")
+    assert got == _counts_reference(batches)
+    assert len(os.listdir(markers)) == 6  # every task of every batch failed once and was retried
+
+
+def test_a_task_failing_after_its_commit_counts_nothing_twice(spark, tmp_path) -> None:
+    """A later stage of the task (here a second UDF) fails once per task after
+    the state was committed: the retry must start again from the batch's
+    version, not from the warm backend that already holds the batch."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    batches = [_events(50 + i, 300, 30) for i in range(3)]
+    got: Counter = Counter()
+    for b in batches:
+        df = spark.createDataFrame(b, EVENTS)
+        out = apply_with_state(
+            df, "k", CountPerKey, COUNTS, checkpoint_location=str(tmp_path / "state"), num_partitions=2
+        )
+        got += _rows(
+            out.mapInPandas(functools.partial(fail_once_downstream, str(markers)), COUNTS).toPandas(), "k", "n"
+        )
+    assert got == _counts_reference(batches)
+    assert len(os.listdir(markers)) == 6
+
+
+@pytest.mark.parametrize("ttl_ms", [1, 3_600_000])
+def test_ttl_follows_the_batch_time(spark, tmp_path, ttl_ms) -> None:
+    batches = [_events(30 + i, 200, 50) for i in range(3)]
+    s = Stream(spark, tmp_path, EVENTS)
+    for b in batches:
+        s.add(b)
+    got = s.run(functools.partial(Dedup, ttl_ms), EVENTS, num_partitions=2, name="dedup")
+    if ttl_ms == 1:  # every micro-batch is more than 1 ms after the one before: nothing survives
+        want = Counter(k for b in batches for k in set(b["k"].tolist()))
+    else:
+        want = Counter(set(k for b in batches for k in b["k"].tolist()))
+    assert Counter(got["k"].tolist()) == want
+
+
+def _sessions_reference(batches: list[pd.DataFrame], parts: list[int], max_parallelism: int, gap: int) -> Counter:
+    """Sessions as the processor makes them: each partition keeps a watermark
+    (the latest event time it saw), a partition of a rescaled run starts from
+    the slowest of the old partitions it takes key groups from, and timers fire
+    at the end of each batch."""
+    codes = spark_type_codes(["string"])
+    none = -(2**63)
+    sessions: dict[str, list[int]] = {}
+    marks: list[int] = []
+    out: Counter = Counter()
+    for b, p in zip(batches, parts, strict=True):
+        if len(marks) != p:
+            old = [key_group_range_for_operator(max_parallelism, len(marks), j) for j in range(len(marks))]
+            new = [key_group_range_for_operator(max_parallelism, p, i) for i in range(p)]
+            marks = [min((marks[j] for j, o in enumerate(old) if o.intersection(n)), default=none) for n in new]
+
+        def part(user: str, p: int = p) -> int:
+            return spark_key_group(user, codes, max_parallelism) * p // max_parallelism
+
+        for u, t in zip(b["user"], b["t"], strict=True):
+            sessions.setdefault(u, []).append(int(t))
+            marks[part(u)] = max(marks[part(u)], int(t))
+        for u in list(sessions):
+            end = max(sessions[u]) + gap
+            if end <= marks[part(u)]:
+                out[(u, min(sessions[u]), end, len(sessions[u]))] += 1
+                del sessions[u]
+    return out
+
+
+def test_event_time_timers_close_sessions(spark, tmp_path) -> None:
+    r = np.random.default_rng(7)
+    users = [f"u{i}" for i in range(12)]
+    batches, t0 = [], 0
+    for _ in range(5):
+        t = t0 + np.sort(r.integers(0, 3_000, 60))
+        batches.append(pd.DataFrame({"user": r.choice(users, 60), "t": t}))
+        t0 += 2_500
+    s = Stream(spark, tmp_path, "user string, t long")
+    parts = [2, 2, 3, 3, 3]
+    for i, p in [(0, 2), (2, 3)]:
+        for b in batches[i : i + 2 if i == 0 else None]:
+            s.add(b)
+        out = s.run(
+            Sessions,
+            "user string, start long, end long, events long",
+            keys="user",
+            num_partitions=p,
+            event_time="t",
+            max_parallelism=64,
+        )
+    got = _rows(out, "user", "start", "end", "events")
+    assert got == _sessions_reference(batches, parts, 64, Sessions.gap_ms)
+    assert got  # sessions did close
+
+
+def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) -> None:
+    from pyspark.sql import functions as F
+
+    first, second = _events(40, 200, 20), _events(41, 200, 20)
+    df = spark.createDataFrame(first, EVENTS)
+    loc = str(tmp_path)
+    with pytest.raises(ValueError, match="unknown key column 'user'"):
+        apply_with_state(df, "user", CountPerKey, COUNTS, checkpoint_location=loc)
+    with pytest.raises(ValueError, match="not supported"):
+        apply_with_state(df.withColumn("a", F.array("k")), "a", CountPerKey, COUNTS, checkpoint_location=loc)
+    with pytest.raises(ValueError, match="retain_versions"):
+        apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, retain_versions=1)
+    got = _rows(
+        apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2).toPandas(), "k", "n"
+    )
+
+    df2 = spark.createDataFrame(second, EVENTS)
+    with pytest.raises(Exception, match="missing: \\['n'\\]"):
+        apply_with_state(
+            df2, "k", WrongColumns, COUNTS, checkpoint_location=loc, num_partitions=2, name="CountPerKey"
+        ).collect()
+    with pytest.raises(Exception, match="the processor failed on purpose"):
+        apply_with_state(
+            df2, "k", Raising, COUNTS, checkpoint_location=loc, num_partitions=2, name="CountPerKey"
+        ).collect()
+    nulls = spark.createDataFrame([(1, 1), (None, 2)], EVENTS)
+    with pytest.raises(Exception, match="null key"):
+        apply_with_state(nulls, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2).collect()
+    # the failed runs committed nothing: the next one goes on from the first
+    got += _rows(
+        apply_with_state(df2, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=3).toPandas(), "k", "n"
+    )
+    assert got == _counts_reference([first, second])
