@@ -27,6 +27,8 @@ ASYNC_EXAMPLE = "AsyncExecutionController"
 COLUMNAR_EXAMPLE = "add_many(batch"
 CHECKPOINT_EXAMPLE = "CheckpointStorage("
 TIMERS_EXAMPLE = "get_timer_service("
+#: run by tests/spark/test_examples.py, on the Spark tests' session
+SPARK_EXAMPLE = "apply_with_state("
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -88,7 +90,15 @@ def test_every_python_example_in_the_docs_is_run():
     """Each python block of README.md is the one some test above runs, and docs/*.md has none
     (an example added there needs a test here that runs it and checks what it shows)."""
     blocks = python_blocks(ROOT / "README.md")
-    markers = (CORE_EXAMPLE, KEYED_STATE_EXAMPLE, ASYNC_EXAMPLE, COLUMNAR_EXAMPLE, CHECKPOINT_EXAMPLE, TIMERS_EXAMPLE)
+    markers = (
+        CORE_EXAMPLE,
+        KEYED_STATE_EXAMPLE,
+        ASYNC_EXAMPLE,
+        COLUMNAR_EXAMPLE,
+        CHECKPOINT_EXAMPLE,
+        TIMERS_EXAMPLE,
+        SPARK_EXAMPLE,
+    )
     run = [next(b for b in blocks if marker in b) for marker in markers]
     assert [b for b in blocks if b not in run] == []
     assert {doc.name: n for doc in (ROOT / "docs").glob("*.md") if (n := len(python_blocks(doc)))} == {}

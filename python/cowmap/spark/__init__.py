@@ -9,9 +9,15 @@ See :func:`apply_with_state`. Needs the ``spark`` extra: ``pip install "cowmap[s
 """
 
 try:
-    import pyspark  # noqa: F401
-except ImportError as exc:  # pragma: no cover - the message is the point
+    import pyspark
+    from pyspark.sql import DataFrame
+except ImportError as exc:
     raise ImportError('cowmap.spark needs PySpark (4.1 or newer): pip install "cowmap[spark]"') from exc
+if not hasattr(DataFrame, "repartitionById"):
+    raise ImportError(
+        f"cowmap.spark needs PySpark 4.1 or newer (DataFrame.repartitionById), found {pyspark.__version__}: "
+        'pip install "cowmap[spark]"'
+    )
 
 from cowmap.spark.context import StateContext
 from cowmap.spark.groups import Rows

@@ -1,0 +1,77 @@
+"""Streaming dedup with TTL: each user's first click within an hour, over a stream of files.
+
+    python examples/streaming_dedup.py
+
+The state is one flag per user that expires an hour (of micro-batch time) after
+it was set; the whole batch is checked and marked in two columnar calls.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+
+from cowmap import StateTtlConfig, ValueStateDescriptor
+from cowmap.spark import apply_with_state
+
+
+class FirstClickPerHour:
+    def open(self, ctx):
+        seen = ValueStateDescriptor("seen")
+        seen.enable_time_to_live(StateTtlConfig.new_builder(3_600_000).build())
+        self.seen = ctx.get_state(seen)
+
+    def process(self, batch: pd.DataFrame, ctx) -> pd.DataFrame:
+        first = batch.drop_duplicates("user")
+        new = first[[v is None for v in self.seen.get_many(first["user"])]]
+        self.seen.update_many(new["user"], [True] * len(new))
+        return new
+
+
+def first_clicks(clicks: DataFrame, state_dir: str) -> DataFrame:
+    return apply_with_state(clicks, "user", FirstClickPerHour, clicks.schema, checkpoint_location=state_dir)
+
+
+def write_clicks(directory: Path, batches: int = 3, per_batch: int = 1_000) -> list[pd.DataFrame]:
+    """Files of clicks (user, url) to stream, one per micro-batch."""
+    directory.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    frames = []
+    for i in range(batches):
+        users = [f"user-{(i * 7919 + j * 104729) % 2_000}" for j in range(per_batch)]
+        frame = pd.DataFrame({"user": users, "url": [f"/page/{j % 17}" for j in range(per_batch)]})
+        path = directory / f"clicks-{i:03d}.parquet"
+        frame.to_parquet(path, index=False)
+        os.utime(path, (start + i, start + i))  # a file stream reads files in the order of their times
+        frames.append(frame)
+    return frames
+
+
+def run(spark: SparkSession, workdir: Path) -> pd.DataFrame:
+    """Stream the files through the dedup into a parquet sink; the sink's rows."""
+    write_clicks(workdir / "clicks")
+    clicks = spark.readStream.schema("user string, url string").option("maxFilesPerTrigger", 1)
+    out = first_clicks(clicks.parquet(str(workdir / "clicks")), str(workdir / "state"))
+    query = (
+        out.writeStream.format("parquet")
+        .option("path", str(workdir / "out"))
+        .option("checkpointLocation", str(workdir / "spark-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return spark.read.parquet(str(workdir / "out")).toPandas()
+
+
+if __name__ == "__main__":
+    session = SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run(session, Path(tmp))
+    print(f"{len(result)} first clicks of {result['user'].nunique()} users")
+    print(result.head())
+    session.stop()
