@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +24,7 @@ from cowmap.spark import apply_with_state
 class FirstClickPerHour:
     def open(self, ctx):
         seen = ValueStateDescriptor("seen")
-        seen.enable_time_to_live(StateTtlConfig.new_builder(3_600_000).build())
+        seen.enable_time_to_live(StateTtlConfig.new_builder(timedelta(hours=1)).build())
         self.seen = ctx.get_state(seen)
 
     def process(self, batch: pd.DataFrame, ctx) -> pd.DataFrame:

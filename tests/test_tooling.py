@@ -1,6 +1,6 @@
 """The checks the package keeps passing, run as part of the suite (the README's test command):
 
-- ruff, with ``[tool.ruff]`` of pyproject.toml, over python/, tests/ and benches/;
+- ruff, with ``[tool.ruff]`` of pyproject.toml, over python/, tests/, benches/ and examples/;
 - mypy, with ``[tool.mypy]``, over python/cowmap (the stubs of the compiled modules included);
 - stubtest: each ``.pyi`` stub in python/cowmap says what its compiled module has, names and
   signatures, except what tests/stubtest_allowlist.txt lists with its reason.
@@ -38,7 +38,7 @@ def run_tool(*args: str, cache: Path, cwd: Path = ROOT) -> None:
 
 
 def test_ruff_finds_nothing(tmp_path: Path) -> None:
-    run_tool("ruff", "check", "python", "tests", "benches", cache=tmp_path)
+    run_tool("ruff", "check", "python", "tests", "benches", "examples", cache=tmp_path)
 
 
 def test_mypy_finds_nothing(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import numpy as np
 import pandas as pd
@@ -65,7 +66,7 @@ class Dedup:
 
     def open(self, ctx):
         desc = ValueStateDescriptor("seen")
-        desc.enable_time_to_live(StateTtlConfig.new_builder(self.ttl_ms).build())
+        desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=self.ttl_ms)).build())
         self.seen = ctx.get_state(desc)
 
     def process(self, batch, ctx):

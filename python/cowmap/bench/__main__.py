@@ -8,7 +8,9 @@ state size with updates running; ``columnar`` -- a pandas UDF's batches (1M rows
 calls of 10k) through the columnar state calls vs the per-record loop vs a pandas Series;
 ``checkpoint`` -- durable checkpoints of a 10M-entry ValueState + 1M-entry MapState (save,
 restore, save_async) vs pickle of a plain dict; ``timers`` -- register, delete and fire 1M
-event-time timers over 100k keys vs ``heapq`` + a dict.
+event-time timers over 100k keys vs ``heapq`` + a dict; ``spark`` -- one stateful streaming query through
+``transformWithStateInPandas``, ``transformWithState``, ``applyInPandasWithState``, ``mapInPandas`` with a
+dict and ``cowmap.spark`` (per-key and columnar), rows/s (needs the ``spark`` extra and a JDK 17+).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 
-SCENARIOS = ("ttl", "core", "snapshot", "columnar", "checkpoint", "timers")
+SCENARIOS = ("ttl", "core", "snapshot", "columnar", "checkpoint", "timers", "spark")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -95,8 +97,43 @@ def _parser() -> argparse.ArgumentParser:
     m = p.add_argument_group("timers scenario")
     m.add_argument("--timer-keys", type=int, default=100_000, help="keys (default 100,000)")
     m.add_argument("--timers-per-key", type=int, default=10, help="timers per key (default 10)")
+    s = p.add_argument_group("spark scenario")
+    s.add_argument("--spark-rows", type=int, default=500_000,
+                   help="rows of the one large micro-batch (default 500,000)")
+    s.add_argument("--spark-keys", type=int, default=50_000, help="keys of the large micro-batch (default 50,000)")
+    s.add_argument("--spark-batches", type=int, default=10, help="micro-batches with every key (default 10)")
+    s.add_argument("--spark-keys-every", type=int, default=10_000,
+                   help="keys in each of those micro-batches, once each (default 10,000)")
+    s.add_argument("--spark-systems", type=_names(_spark_systems()), default=_spark_systems(),
+                   help="some of " + ",".join(_spark_systems()) + " (default all)")
+    s.add_argument("--commit-keys", type=int, default=10_000_000,
+                   help="keys of the commit figure, 1%% of them changed (default 10,000,000; 0: skip)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats; the median is shown (default 5)")
     return p
+
+
+def _spark_systems() -> tuple[str, ...]:
+    from cowmap.bench.spark import SYSTEMS
+
+    return SYSTEMS
+
+
+def _main_spark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from cowmap.bench import report, spark
+
+    sizes = (args.spark_rows, args.spark_keys, args.spark_batches, args.spark_keys_every)
+    if min(sizes) < 1 or args.commit_keys < 0:
+        parser.error("--spark-rows, --spark-keys, --spark-batches and --spark-keys-every must be >= 1")
+    res = spark.run(args.spark_systems, args.spark_rows, args.spark_keys, args.spark_batches, args.spark_keys_every,
+                    repeats=args.repeats or 1, commit_keys=args.commit_keys)
+    print("\n".join(spark.report(res)))
+    if args.out:
+        report.write_json(args.out, {"scenario": "spark", "format": 1, "result": res})
+        print(f"wrote {args.out}")
+    if args.plot:
+        print(f"wrote {args.plot}" if spark.plot(res, args.plot) else "no plot: matplotlib is not installed")
+    failed = [w for w in res["workloads"].values() for f in w["figures"].values() if not f["state_ok"]]
+    return 0 if not failed else 1
 
 
 def _columnar_cases() -> tuple[str, ...]:
@@ -162,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             report.write_json(args.out, {"scenario": "checkpoint", "format": 1, "result": res})
             print(f"wrote {args.out}")
         return 0
+    if args.scenario == "spark":
+        return _main_spark(parser, args)
     if args.scenario == "timers":
         from cowmap.bench import report, timers
 

@@ -47,6 +47,7 @@ PENDING_BLOCK = 0xFFFFFFFF
 Section = tuple[int, int, list[list[bytes]]]
 
 checksum = xxhash.xxh3_64_intdigest
+_FLUSH_BYTES = 1 << 20
 
 
 class DataFileWriter:
@@ -57,19 +58,35 @@ class DataFileWriter:
         self.out = out
         head = json.dumps(header, sort_keys=True).encode()
         self.pos = 0
+        self._pending: list[bytes] = []
+        self._pending_size = 0
         self._write([_PREAMBLE.pack(MAGIC, FORMAT_VERSION, len(head), checksum(head)), head])
         self.index: list[tuple[int, int, int, int, int]] = []
 
     def _write(self, parts: list[bytes]) -> int:
-        n = 0
-        for p in parts:
-            self.out.write(p)
-            n += len(p)
-        self.pos += n
-        return n
+        data = b"".join(parts)
+        self._put(data)
+        return len(data)
+
+    def _put(self, data: bytes) -> None:
+        # small blocks are gathered and written a megabyte at a time: a call of
+        # the output stream per block would cost more than most blocks' encoding
+        self._pending.append(data)
+        self._pending_size += len(data)
+        self.pos += len(data)
+        if self._pending_size >= _FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._pending:
+            self.out.write(b"".join(self._pending))
+            self._pending.clear()
+            self._pending_size = 0
 
     def block(self, kg: int, sections: list[Section]) -> int:
-        """Write the block of key group ``kg``; returns its size in bytes."""
+        """Write the block of key group ``kg``; returns its size in bytes.
+        O(1) calls of the output stream and the checksum per block: an
+        increment is mostly small key groups, whose blocks cost their calls."""
         parts = [_BLOCK.pack(BLOCK_MAGIC, kg, len(sections))]
         rows = 0
         for state, n, columns in sections:
@@ -77,19 +94,18 @@ class DataFileWriter:
             for col in columns:
                 parts.extend(col)
             rows += n
-        h = xxhash.xxh3_64()
-        for p in parts:
-            h.update(p)
+        data = b"".join(parts)
         start = self.pos
-        size = self._write(parts)
-        self.index.append((kg, start, size, h.intdigest(), rows))
-        return size
+        self._put(data)
+        self.index.append((kg, start, len(data), checksum(data), rows))
+        return len(data)
 
     def finish(self) -> int:
         """Write the index and footer; returns the file's size."""
         index = b"".join(_INDEX.pack(*e) for e in self.index)
         at = self.pos
         self._write([index, _FOOTER.pack(at, len(index), checksum(index), END)])
+        self._flush()
         return self.pos
 
 

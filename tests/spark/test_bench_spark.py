@@ -1,0 +1,41 @@
+"""``python -m cowmap.bench spark``'s machinery at a small size: every system it
+times gives the pandas answer (a persisted one that does not fails the run),
+and the report shows each figure with its target."""
+
+from __future__ import annotations
+
+from cowmap.bench import spark as bench
+
+
+def test_small_run_reports_every_measured_figure(spark) -> None:
+    systems = ("dict_map_in_pandas", "cowmap_per_key", "cowmap_columnar")
+    logged: list[str] = []
+    res = bench.run(systems, rows=3_000, keys=300, batches=3, keys_every=200, commit_keys=20_000, spark=spark,
+                    log=logged.append)
+    for name, rows in (("large", 3_000), ("every_key", 600)):
+        w = res["workloads"][name]
+        assert w["rows"] == rows
+        assert set(w["figures"]) == set(systems)
+        for system in ("cowmap_per_key", "cowmap_columnar"):
+            assert w["figures"][system]["state_ok"]
+            assert w["figures"][system]["rows_per_s"] > 0
+    assert res["commit"]["share"] > 0
+    lines = "\n".join(bench.report(res))
+    assert "cowmap.spark per-key" in lines and "mapInPandas + dict" in lines
+    assert "per-key (persisted) vs mapInPandas + dict" in lines
+    assert "transformWithState (Row), one large batch: not measured" in lines
+    assert len(logged) == 2 * len(systems) + 1
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the caller's session is left running
+
+
+def test_a_persisted_system_losing_state_fails_the_run() -> None:
+    import pandas as pd
+    import pytest
+
+    data = [pd.DataFrame({"k": [1, 2, 1], "v": [1, 1, 1]}), pd.DataFrame({"k": [1], "v": [5]})]
+    good = pd.DataFrame({"k": [1, 2, 1], "count": [2, 1, 3], "total": [2, 1, 7]})
+    lost = pd.DataFrame({"k": [1, 2, 1], "count": [2, 1, 1], "total": [2, 1, 5]})  # batch 2 forgot batch 1
+    assert bench._check(good, data, "cowmap_per_key")
+    assert not bench._check(lost, data, "dict_map_in_pandas")  # not persisted: only noted
+    with pytest.raises(AssertionError, match="state lost or doubled"):
+        bench._check(lost, data, "cowmap_per_key")
