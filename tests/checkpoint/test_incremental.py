@@ -3,7 +3,9 @@ exactly what the source held at each save, and holds only what changed."""
 
 from __future__ import annotations
 
+import contextlib
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_roundtrip import KEYS, NAMESPACES, VALUES, apply
 
-from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError
-from cowmap.state import KeyedStateBackend, KeyGroupRange, ValueStateDescriptor
+from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage
+from cowmap.state import KeyedStateBackend, KeyGroupRange, MapStateDescriptor, ValueStateDescriptor
 
 from ckpt_helpers import Clock, contents, register
 
@@ -65,10 +67,16 @@ def step(b: KeyedStateBackend, states: dict[str, Any], clock: Clock, op: tuple, 
 
 @pytest.mark.parametrize("ttl", [False, True])
 @settings(max_examples=40, deadline=None)
-@given(ops=st.lists(OP, max_size=80), max_increments=st.integers(0, 3))
+@given(ops=st.lists(OP, max_size=80), max_increments=st.integers(0, 3), block_rows=st.sampled_from([1, 3, 16384]))
 def test_every_checkpoint_of_a_chain_restores_its_moment(
-    tmp_path_factory: Any, ttl: bool, ops: list, max_increments: int
+    tmp_path_factory: Any, ttl: bool, ops: list, max_increments: int, block_rows: int
 ) -> None:
+    """(``block_rows``: key groups per block from one each to all in one, runs across them)"""
+    with blocks_of(block_rows):
+        chain_restores_its_moments(tmp_path_factory, ttl, ops, max_increments)
+
+
+def chain_restores_its_moments(tmp_path_factory: Any, ttl: bool, ops: list, max_increments: int) -> None:
     clock = Clock()
     src = KeyedStateBackend(max_parallelism=8, time_provider=clock)
     states = register(src, ttl)
@@ -90,6 +98,17 @@ def test_every_checkpoint_of_a_chain_restores_its_moment(
         storage.restore(dst, cid)
         assert contents(dst) == expected
         assert map_order(dst) == order
+
+
+@contextlib.contextmanager
+def blocks_of(rows: int) -> Iterator[None]:
+    """Checkpoints written meanwhile gather key groups into blocks of about ``rows`` rows."""
+    before = checkpoint_storage.BLOCK_ROWS
+    checkpoint_storage.BLOCK_ROWS = rows
+    try:
+        yield
+    finally:
+        checkpoint_storage.BLOCK_ROWS = before
 
 
 def filled(n: int) -> tuple[KeyedStateBackend, Any]:
@@ -197,15 +216,20 @@ def test_restore_then_increment_chains_to_the_restored_checkpoint(tmp_path: Path
     assert storage.manifest(storage.save(other))["type"] == "full"
 
 
-def test_a_chain_restores_at_another_parallelism(tmp_path: Path) -> None:
+@pytest.mark.parametrize("block_rows", [50, 16384])
+def test_a_chain_restores_at_another_parallelism(tmp_path: Path, block_rows: int) -> None:
+    """(with 50-row blocks, blocks straddle the new ranges' bounds)"""
     b, v = filled(3_000)
     storage = CheckpointStorage(tmp_path)
-    storage.save(b)
-    v.update_many(np.arange(0, 3_000, 7, dtype=np.int64), np.zeros(429, dtype=np.int64))
-    for k in range(0, 3_000, 11):
-        b.set_current_key(k)
-        v.clear()
-    storage.save(b)
+    with blocks_of(block_rows):
+        storage.save(b)
+        v.update_many(np.arange(0, 3_000, 7, dtype=np.int64), np.zeros(429, dtype=np.int64))
+        for k in range(0, 3_000, 11):
+            b.set_current_key(k)
+            v.clear()
+        storage.save(b)
+    firsts = storage._store.open_data(storage.manifest(2)["files"][0]["name"], storage.manifest(2)["files"][0]["size"])
+    assert len(firsts.blocks) > 1 if block_rows == 50 else len(firsts.blocks) == 1
     parts = [KeyedStateBackend(max_parallelism=32, key_group_range=KeyGroupRange(lo, hi)) for lo, hi in
              ((0, 9), (10, 20), (21, 31))]
     merged: dict[str, list[Any]] = {}
@@ -353,3 +377,31 @@ def test_checkpoints_at_explicit_versions(tmp_path: Path) -> None:
         storage.save(b, checkpoint_id="4")  # type: ignore[arg-type]
     assert storage.save_async(b, checkpoint_id=7).result() == 7
     assert storage.checkpoints() == [1, 2, 3, 7]
+
+
+@pytest.mark.parametrize("kind", ["value", "map"])
+def test_an_increment_mixing_new_and_tracked_maps_in_one_block(tmp_path: Path, kind: str) -> None:
+    """A block of an increment gathers key groups whose maps were cut before
+    (their changes, read with timestamps) and maps made since (read whole,
+    without them, the state having no TTL): both kinds of rows in one section."""
+    b = KeyedStateBackend(max_parallelism=8)
+    s: Any = b.get_state(ValueStateDescriptor("s")) if kind == "value" else b.get_map_state(MapStateDescriptor("s"))
+    groups: dict[int, list[int]] = defaultdict(list)
+    for k in range(200):
+        groups[b.key_group_of(k)].append(k)
+    old, new = sorted(groups)[:4], sorted(groups)[4:]
+
+    def write(keys: list[int], v: int) -> None:
+        for k in keys:
+            b.set_current_key(k)
+            s.update(v) if kind == "value" else s.put("u", v)
+
+    write([k for g in old for k in groups[g]], 1)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    write([k for g in old for k in groups[g][:3]] + [k for g in new for k in groups[g]], 2)
+    cid = storage.save(b)
+    assert storage.manifest(cid)["type"] == "incremental"
+    again = KeyedStateBackend(max_parallelism=8)
+    storage.restore(again)
+    assert contents(again) == contents(b)

@@ -43,9 +43,9 @@ def inspect(storage: CheckpointStorage, cid: int | None) -> int:
                     else:
                         rows[s] += n
                         size[s] += nbytes
-            kgs = sorted(kg for kg in r.blocks if kg != PENDING_BLOCK)
-            span = f"{kgs[0]}..{kgs[-1]}" if kgs else "none"
-            print(f"  {f['name']}: {f['size']:,} bytes, {len(kgs)} key group blocks ({span})")
+            firsts = sorted(kg for kg in r.blocks if kg != PENDING_BLOCK)
+            span = f"key groups {firsts[0]}..{r.last_of(firsts[-1])}" if firsts else "no key group"
+            print(f"  {f['name']}: {f['size']:,} bytes, {len(firsts)} blocks of {span}")
             for s, meta in enumerate(states):
                 ttl = f"ttl {meta['ttl']['ttl_ms']} ms" if meta["ttl"] else "no ttl"
                 print(

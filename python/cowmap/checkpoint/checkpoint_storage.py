@@ -16,14 +16,16 @@ from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, DataFile
 from cowmap.checkpoint.pending import decode_pending, encode_pending
 from cowmap.checkpoint.states import (
     TOMBSTONE_COLUMNS,
+    Piece,
+    block_columns,
+    change_columns,
     changed_timer_key_groups,
     changes_lost,
     check_compatible,
     column_serializers,
-    encode_block,
-    encode_changes,
-    encode_timers,
+    encode_group,
     restore_blocks,
+    split_by_key_group,
     state_headers,
 )
 from cowmap.checkpoint.storage import Store, data_id, data_name, manifest_name
@@ -31,6 +33,12 @@ from cowmap.state.backend import KeyedStateBackend
 from cowmap.state.snapshot import KeyedStateSnapshot
 
 __all__ = ["CheckpointStorage", "SaveHandle"]
+
+#: rows (about) per block: key groups are gathered until a block holds this many
+#: (an increment's key groups hold a few rows each: a block apiece would cost
+#: more than their rows), and a restore of a few key groups reads at most this
+#: many more rows than it needs
+BLOCK_ROWS = 16384
 
 
 class SaveHandle:
@@ -276,24 +284,37 @@ class CheckpointStorage:
             "timer_services": snap.timer_service_names(),
         }
         self._drop_from(cid)
-        encode = encode_block if chain is None else encode_changes
+        columns_of = block_columns if chain is None else change_columns
         kgs = {kg for name in names for kg in snap.key_groups(name)}
         kgs.update(kg for t in snap._timers.values() for kg in t.key_groups())
         if chain is not None:
             kgs.update(changed_timer_key_groups(snap))  # (a key group whose timers all went)
         rows = 0
+        timer_base = 2 * len(names)
         with store.atomic(data_name(cid)) as out:
             w = DataFileWriter(out, header)
-            for kg in sorted(kgs):
-                sections = encode(snap, kg)
-                rows += sum(n for _, n, _ in sections)
-                sections += encode_timers(snap, kg, changes_only=chain is not None)
-                # encoded: the backend need not keep this key group's data for us any longer
-                snap._release_key_group(kg)
+
+            def write(group: list[tuple[int, list[Piece]]]) -> int:
+                sections = encode_group(snap, group, changes_only=chain is not None)
                 if sections:
-                    w.block(kg, sections)
+                    w.block(group[0][0], group[-1][0], sections)
+                return sum(n for i, n, _, _ in sections if i < timer_base)
+
+            group: list[tuple[int, list[Piece]]] = []
+            in_group = 0
+            for kg in sorted(kgs):
+                pieces = columns_of(snap, kg)
+                # read out: the backend need not keep this key group's data for us any longer
+                snap._release_key_group(kg)
+                group.append((kg, pieces))
+                in_group += sum(len(cols[0]) for _, cols in pieces)
+                if in_group >= BLOCK_ROWS:
+                    rows += write(group)
+                    group, in_group = [], 0
+            if group:
+                rows += write(group)
             if pending is not None:
-                w.block(PENDING_BLOCK, [pending])
+                w.block(PENDING_BLOCK, PENDING_BLOCK, [pending])
             size = w.finish()
         store.write_manifest(
             cid,
@@ -361,10 +382,10 @@ class CheckpointStorage:
             sers += [[PICKLE] * TOMBSTONE_COLUMNS for _ in states]
             sers += [[PICKLE] * 3 for _ in range(2 * len(h.get("timer_services", [])))]
             blocks = []
-            for kg in sorted(r.blocks):
-                if kc.lo <= kg <= kc.hi:
-                    raw = r.block_bytes(kg)
-                    blocks.append((kg, list(r.sections(kg, raw, sers))))
+            for first in sorted(r.blocks):
+                if first <= kc.hi and r.last_of(first) >= kc.lo and first != PENDING_BLOCK:
+                    raw = r.block_bytes(first)
+                    blocks += split_by_key_group(r.sections(first, raw, sers), kc.lo, kc.hi)
             decoded.append((states, blocks, h.get("type") == "incremental", h.get("timer_services", [])))
         last = readers[-1]
         pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []

@@ -1,7 +1,7 @@
 """The records waiting at an unaligned-style checkpoint, as one block.
 
-The block has key group ``PENDING_BLOCK`` and one section (state index
-``PENDING_BLOCK``) of two columns: each record's key group (int64) and its
+The block has key groups ``PENDING_BLOCK..PENDING_BLOCK`` and one section
+(state index ``PENDING_BLOCK``, no runs) of two columns: each record's key group (int64) and its
 ``(key, record)`` pair (pickled). A restore returns the pairs of its own key
 groups, in their order.
 """
@@ -37,7 +37,7 @@ def encode_pending(backend: KeyedStateBackend, waiting: list[tuple[Any, Any]]) -
                     f"written with an unaligned checkpoint must be picklable"
                 ) from e
         raise
-    return (PENDING_BLOCK, len(waiting), [encode_column(kgs, PICKLE), pairs])
+    return (PENDING_BLOCK, len(waiting), [encode_column(kgs, PICKLE), pairs], ([], []))
 
 
 def decode_pending(reader: DataFileReader, lo: int, hi: int) -> list[tuple[Any, Any]]:
@@ -45,7 +45,7 @@ def decode_pending(reader: DataFileReader, lo: int, hi: int) -> list[tuple[Any, 
     raw = reader.block_bytes(PENDING_BLOCK)
     serializers = {PENDING_BLOCK: [PICKLE, PICKLE]}
     out: list[tuple[Any, Any]] = []
-    for _, n, (kgs, pairs) in reader.sections(PENDING_BLOCK, raw, serializers):
+    for _, n, (kgs, pairs), _ in reader.sections(PENDING_BLOCK, raw, serializers):
         for kg, pair in zip(column_list(kgs, n), column_list(pairs, n)):
             if lo <= kg <= hi:
                 out.append(tuple(pair))

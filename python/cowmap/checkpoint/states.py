@@ -21,7 +21,7 @@ import numpy as np
 from cowmap._core import NO_TIMESTAMP, ColumnReader, column_put, snapshot_changes, user_insert_many
 from cowmap._requests import replace_all
 from cowmap.checkpoint.columns import PICKLE, Const, Serializer, column_list, encode_column, serializer_name
-from cowmap.checkpoint.fileformat import Section
+from cowmap.checkpoint.fileformat import Runs, Section
 from cowmap.state.backend import _TABLES, KeyedStateBackend
 from cowmap.state.descriptors import (
     AggregateFunction,
@@ -39,13 +39,15 @@ from cowmap.state.ttl import StateTtlConfig, StateVisibility, UpdateType
 from cowmap.state.user_map import NONE_VALUE, NS_MARKER, make_ctx, split_ctx
 
 __all__ = [
+    "Piece",
     "changes_lost",
     "column_serializers",
-    "encode_block",
-    "encode_changes",
+    "block_columns",
+    "change_columns",
     "changed_timer_key_groups",
-    "encode_timers",
+    "encode_group",
     "restore_blocks",
+    "split_by_key_group",
     "state_headers",
     "timer_section_base",
 ]
@@ -102,18 +104,22 @@ def state_headers(snap: KeyedStateSnapshot) -> list[dict[str, Any]]:
 TOMBSTONE_COLUMNS = 3
 
 
-def encode_block(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
-    """Every state's rows of key group ``kg`` as encoded sections."""
-    sections: list[Section] = []
+#: a key group's rows of one section, not encoded yet: (section index, columns)
+Piece = tuple[int, list[Any]]
+
+
+def block_columns(snap: KeyedStateSnapshot, kg: int) -> list[Piece]:
+    """Every state's rows of key group ``kg`` (a full checkpoint's)."""
+    pieces: list[Piece] = []
     for i, name in enumerate(snap.state_names()):
         s = snap._state(name)
         if kg not in s.maps:
             continue
         snap._check()
-        sec = _section(i, s, _columns(s, kg))
-        if sec is not None:
-            sections.append(sec)
-    return sections
+        cols = _columns(s, kg)
+        if cols and len(cols[0]):
+            pieces.append((i, cols))
+    return pieces
 
 
 def changes_lost(snap: KeyedStateSnapshot) -> bool:
@@ -122,15 +128,15 @@ def changes_lost(snap: KeyedStateSnapshot) -> bool:
     return any(m.changes == "lost" for name in snap.state_names() for m in snap._state(name).maps.values())
 
 
-def encode_changes(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
+def change_columns(snap: KeyedStateSnapshot, kg: int) -> list[Piece]:
     """What changed in key group ``kg`` between the previous cut and ``snap``
     (a cut none of whose maps ``changes_lost``): the removed keys of every
-    state as tombstone sections, then the entries written as sections as
-    :func:`encode_block` makes them. A map made since the previous cut goes
+    state (tombstone sections), then the entries written, as
+    :func:`block_columns` gives them. A map made since the previous cut goes
     whole. O(changes)."""
     nstates = len(snap.state_names())
-    tombs: list[Section] = []
-    upserts: list[Section] = []
+    tombs: list[Piece] = []
+    upserts: list[Piece] = []
     for i, name in enumerate(snap.state_names()):
         s = snap._state(name)
         m = s.maps.get(kg)
@@ -138,14 +144,14 @@ def encode_changes(snap: KeyedStateSnapshot, kg: int) -> list[Section]:
             continue
         snap._check()
         if m.changes != "known":  # "untracked": made since the previous cut
-            sec = _section(i, s, _columns(s, kg))
+            cols = _columns(s, kg)
         else:
             keys, nss, states, ts, gone_keys, gone_nss = snapshot_changes(m, _namespace0(s.table.kind))
             if len(gone_keys):
-                tombs.append(_tombstones(nstates + i, s.table.kind, gone_keys, gone_nss))
-            sec = _section(i, s, _columns(s, kg, (keys, nss, states, ts)))
-        if sec is not None:
-            upserts.append(sec)
+                tombs.append((nstates + i, _tombstone_columns(s.table.kind, gone_keys, gone_nss)))
+            cols = _columns(s, kg, (keys, nss, states, ts))
+        if cols and len(cols[0]):
+            upserts.append((i, cols))
     return tombs + upserts
 
 
@@ -156,25 +162,63 @@ def timer_section_base(nstates: int) -> int:
     return 2 * nstates
 
 
-def encode_timers(snap: KeyedStateSnapshot, kg: int, changes_only: bool = False) -> list[Section]:
-    """Every timer service's timers of key group ``kg``, as sections: all of
-    them (a full checkpoint), or with ``changes_only`` (an increment of a cut)
-    those of the services and domains whose timers in ``kg`` changed since
-    the previous cut, an empty section where none are left. A restore takes,
-    per service, domain and key group, the newest file's section."""
+def encode_group(snap: KeyedStateSnapshot, group: list[tuple[int, list[Piece]]], changes_only: bool) -> list[Section]:
+    """The sections of one block: the pieces of its key groups (``(kg,
+    pieces)`` in increasing order) gathered per section index, each run of
+    rows tagged with its key group, tombstones first; then the timers of those
+    key groups (with ``changes_only``, an increment's: those of the services
+    and domains whose timers there changed, a run of 0 rows where none are
+    left). O(rows), with O(1) encoding calls per section, not per key group."""
+    nstates = len(snap.state_names())
+    by_index: dict[int, list[tuple[int, list[Any]]]] = {}
+    for kg, pieces in group:
+        for index, cols in pieces:
+            by_index.setdefault(index, []).append((kg, cols))
+    sections: list[Section] = []
+    for index in sorted(by_index, key=lambda i: (i < nstates, i)):  # tombstones (S..2S-1) first
+        parts = by_index[index]
+        runs = ([kg for kg, _ in parts], [len(cols[0]) for _, cols in parts])
+        cols = _concat([cols for _, cols in parts])
+        if index < nstates:
+            sections.append(_section(index, snap._state(snap.state_names()[index]), cols, runs))
+        else:
+            sections.append((index, sum(runs[1]), [encode_column(c, PICKLE) for c in cols], runs))
+    sections += _timer_sections(snap, [kg for kg, _ in group], changes_only)
+    return sections
+
+
+def _timer_sections(snap: KeyedStateSnapshot, kgs: list[int], changes_only: bool) -> list[Section]:
+    """Every timer service's timers of key groups ``kgs``, a section per
+    service and domain: all of them (a full checkpoint), or with
+    ``changes_only`` those of the key groups whose timers changed since the
+    previous cut, a run of 0 rows where none are left. A restore takes, per
+    service, domain and key group, the newest file's run."""
     base = timer_section_base(len(snap.state_names()))
     out: list[Section] = []
     for t, name in enumerate(snap.timer_service_names()):
         timers = snap._timers[name]
         for d in TimeDomain:
-            if changes_only:
-                changed = timers.changed(d)
-                if changed is not None and kg not in changed:
+            changed = timers.changed(d) if changes_only else None
+            changed_set = set(changed) if changed is not None else None
+            run_kgs: list[int] = []
+            counts: list[int] = []
+            stamps: list[np.ndarray] = []
+            keys: list[Any] = []
+            nss: list[Any] = []
+            for kg in kgs:
+                if changed_set is not None and kg not in changed_set:
                     continue
-            ts, keys, nss = timers.columns(kg, d)
-            if keys or changes_only:
-                cols = [np.frombuffer(ts, dtype=np.int64), keys, nss]
-                out.append((base + 2 * t + d, len(keys), [encode_column(c, PICKLE) for c in cols]))
+                ts, k, ns = timers.columns(kg, d)
+                if not k and not changes_only:
+                    continue
+                run_kgs.append(kg)
+                counts.append(len(k))
+                stamps.append(np.frombuffer(ts, dtype=np.int64))
+                keys += k
+                nss += ns
+            if run_kgs:
+                cols = [np.concatenate(stamps), keys, nss]
+                out.append((base + 2 * t + d, len(keys), [encode_column(c, PICKLE) for c in cols], (run_kgs, counts)))
     return out
 
 
@@ -192,25 +236,45 @@ def _namespace0(kind: str) -> Any:
     return NS_MARKER if kind == "map" else VOID_NAMESPACE
 
 
-def _section(i: int, s: Any, columns: list[Any]) -> Section | None:
-    n = len(columns[0]) if columns else 0
-    if not n:
-        return None
+def _section(i: int, s: Any, columns: list[Any], runs: Runs) -> Section:
     if not s.ttl:
         columns.pop()  # timestamps: NO_TIMESTAMP (value, map) or None (list) throughout
     sers = column_serializers(s.table.kind, serializer_of(s.live_descriptor))
-    return (i, n, [encode_column(c, ser) for c, ser in zip(columns, sers)])
+    return (i, len(columns[0]), [encode_column(c, ser) for c, ser in zip(columns, sers)], runs)
 
 
-def _tombstones(index: int, kind: str, keys: Any, nss: Any) -> Section:
-    """A tombstone section of removed ``(key, namespace)`` (user entries of a
+def _tombstone_columns(kind: str, keys: Any, nss: Any) -> list[Any]:
+    """The tombstone columns of removed ``(key, namespace)`` (user entries of a
     MapState: ``(user key, context)``) as ``snapshot_changes`` gives them."""
     if kind == "map":
         ctx_keys, ns = _split_contexts(nss)
-        columns = [ctx_keys, ns, keys]
-    else:
-        columns = [keys, Const(VOID_NAMESPACE) if nss is None else nss]
-    return (index, len(keys), [encode_column(c, PICKLE) for c in columns])
+        return [ctx_keys, ns, keys]
+    return [keys, Const(VOID_NAMESPACE) if nss is None else nss]
+
+
+def _concat(tables: list[list[Any]]) -> list[Any]:
+    """Columns of several key groups' rows, one after another: arrays stay
+    arrays, a constant shared by all stays one constant, anything else a list."""
+    if len(tables) == 1:
+        return list(tables[0])
+    out: list[Any] = []
+    for parts in zip(*tables):
+        first = parts[0]
+        if all(p is None for p in parts):  # (timestamps of a state without TTL)
+            out.append(None)
+        elif isinstance(first, Const) and all(isinstance(p, Const) and p.value is first.value for p in parts):
+            out.append(first)
+        elif all(isinstance(p, np.ndarray) for p in parts) and len({p.dtype for p in parts}) == 1:
+            out.append(np.concatenate(parts))
+        else:
+            joined: list[Any] = []
+            for p, cols in zip(parts, tables):
+                if isinstance(p, Const) or p is None:  # (None: timestamps a state without TTL drops)
+                    joined += [None if p is None else p.value] * len(cols[0])
+                else:
+                    joined += p.tolist() if isinstance(p, np.ndarray) else p
+            out.append(joined)
+    return out
 
 
 class _Rows:
@@ -355,6 +419,29 @@ def check_compatible(backend: KeyedStateBackend, states: list[dict[str, Any]], w
                 f"state {meta['name']!r} is registered here {here} TTL but was checkpointed {there} TTL "
                 f"in {where}: its entries cannot be restored into it"
             )
+
+
+def split_by_key_group(
+    sections: Iterable[tuple[int, int, list[Any], tuple[np.ndarray, np.ndarray]]], lo: int, hi: int
+) -> list[tuple[int, list[tuple[int, int, list[Any]]]]]:
+    """A decoded block's sections cut by their runs into ``(kg, sections)`` per
+    key group of ``lo..hi``, in key-group order, each key group's sections in
+    the block's order (a run of 0 rows gives an empty section: no timers left)."""
+    per: dict[int, list[tuple[int, int, list[Any]]]] = {}
+    for index, n, cols, (kgs, counts) in sections:
+        ends = np.cumsum(counts).tolist()
+        start = 0
+        for kg, end in zip(kgs.tolist(), ends):
+            if lo <= kg <= hi:
+                piece = cols if end - start == n else [_rows(c, start, end) for c in cols]
+                per.setdefault(kg, []).append((index, end - start, piece))
+            start = end
+    return sorted(per.items())
+
+
+def _rows(col: Any, start: int, end: int) -> Any:
+    """Rows ``start:end`` of a decoded column (a constant stays itself)."""
+    return col if isinstance(col, tuple) else col[start:end]
 
 
 def restore_blocks(
