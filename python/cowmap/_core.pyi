@@ -289,6 +289,22 @@ def snapshot_changes(
     "known"): the columns of ``snapshot_columns`` for the entries written, then the keys
     and namespaces removed. O(changes). ``ValueError`` when the changes are not known."""
 
+def snapshot_changes_many(
+    snaps: list[StateMapSnapshot | FlatMapSnapshot], namespace: Any
+) -> tuple[
+    npt.NDArray[np.int64] | list[Any],
+    npt.NDArray[np.int64] | list[Any] | None,
+    npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64] | list[Any],
+    list[Any] | None,
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+]:
+    """``snapshot_changes`` of several maps in one call: the same six columns over all
+    their changes, map after map, then per map the counts of changed entries and of
+    removed keys. Every snapshot is checked first. O(changes + maps)."""
+
 def snapshot_columns(
     snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any, timestamps: bool = True
 ) -> tuple[

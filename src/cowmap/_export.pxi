@@ -237,3 +237,89 @@ def snapshot_changes(snap, namespace):
     finally:
         PyMem_RawFree(v.a)
         PyMem_RawFree(gp)
+
+
+cdef const cm_gonelog *_checked_gone(object snap) except NULL:
+    """The removal log of a snapshot whose changes are known (checked)."""
+    cdef StateMapSnapshot cs
+    cdef FlatMapSnapshot fs
+    if type(snap) is StateMapSnapshot:
+        cs = <StateMapSnapshot>snap
+        cs._check()
+        if snap.changes != "known":
+            raise ValueError(f"the snapshot's changes are not known ({snap.changes or 'not taken with cut=True'})")
+        return &cs.ch.gone
+    if type(snap) is FlatMapSnapshot:
+        fs = <FlatMapSnapshot>snap
+        fs._check()
+        if snap.changes != "known":
+            raise ValueError(f"the snapshot's changes are not known ({snap.changes or 'not taken with cut=True'})")
+        return &fs.gone
+    raise TypeError(f"expected a StateMapSnapshot or FlatMapSnapshot, not {type(snap).__name__}")
+
+
+def snapshot_changes_many(list snaps not None, namespace):
+    """:func:`snapshot_changes` of several maps in one call (an increment's key
+    groups): the same six columns over all their changes, one map's after the
+    other's, then two int64 arrays: per map, how many changed entries and how
+    many removed keys it gave. Every snapshot is checked before anything is
+    read. O(changes + maps)."""
+    import numpy as np
+    cdef Py_ssize_t m = len(snaps), i
+    cdef cm_ptrvec v
+    cdef const cm_gonelog *gone
+    cdef const cm_entry **gp = NULL
+    cdef size_t before, total = 0, at = 0
+    cdef int f = CM_X_KEYS_INT | CM_X_NS_SAME
+    cdef int rc
+    cdef StateMapSnapshot cs
+    cdef FlatMapSnapshot fs
+    cdef int64_t[::1] gk
+    for i in range(m):
+        total += _checked_gone(snaps[i]).n
+    counts = np.empty(m, dtype=np.int64)
+    gcounts = np.empty(m, dtype=np.int64)
+    cdef int64_t[::1] cv = counts, gv = gcounts
+    memset(&v, 0, sizeof(v))
+    try:
+        for i in range(m):
+            before = v.n
+            snap = snaps[i]
+            if type(snap) is StateMapSnapshot:
+                cs = <StateMapSnapshot>snap
+                rc = cm_changed_entries(&cs._map.m, &cs.ch, &v)
+                gone = &cs.ch.gone
+            else:
+                fs = <FlatMapSnapshot>snap
+                rc = fm_changed_entries(&fs.s, fs.bits, &v)
+                gone = &fs.gone
+            if rc < 0:
+                raise MemoryError()
+            cv[i] = <int64_t>(v.n - before)
+            gv[i] = <int64_t>gone.n
+        upserts = _numbers_then_columns(<const cm_entry **>v.a, v.n, namespace)
+        gkeys = np.empty(total, dtype=np.int64)
+        if total == 0:
+            return upserts + (gkeys, None, counts, gcounts)
+        gk = gkeys
+        for i in range(m):
+            gone = _checked_gone(snaps[i])
+            if gone.n:
+                f &= cm_gone_numbers(gone, <PyObject *>namespace, &gk[at])
+                at += gone.n
+        if f == CM_X_KEYS_INT | CM_X_NS_SAME:
+            return upserts + (gkeys, None, counts, gcounts)
+        gp = <const cm_entry **>PyMem_RawMalloc(total * sizeof(void *))
+        if gp == NULL:
+            raise MemoryError()
+        at = 0
+        for i in range(m):
+            gone = _checked_gone(snaps[i])
+            cm_gone_ptrs(gone, &gp[at])
+            at += gone.n
+        key_col = gkeys if f & CM_X_KEYS_INT else cm_export_list(gp, total, 0)
+        ns_col = None if f & CM_X_NS_SAME else cm_export_list(gp, total, 1)
+        return upserts + (key_col, ns_col, counts, gcounts)
+    finally:
+        PyMem_RawFree(v.a)
+        PyMem_RawFree(gp)

@@ -904,14 +904,16 @@ static int fm_seq_cmp(const void *a, const void *b) {
 }
 
 /* The entries of snapshot snap whose home slots are marked in bits (from
- * fm_cut), into out in insertion order (so a restore that appends the new
- * ones keeps the map's order): each marked home's probe run is read up to its
+ * fm_cut), appended to out in insertion order (so a restore that appends the
+ * new ones keeps the map's order; what out held before stays as it was, other
+ * maps' entries): each marked home's probe run is read up to its
  * first empty slot. The homes are listed first and their slots requested
  * FM_CH_AHEAD homes before they are read (the changes lie scattered: a cache
  * miss each). O(marked slots + their runs, and a sort); -1 out of memory. */
 #define FM_CH_AHEAD 16u
 static int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptrvec *out) {
     cm_u32vec todo = {0}; /* (segment, home) pairs */
+    const size_t start = out->n; /* entries already in out (other maps') stay where they are */
     int rc = -1;
     for (uint32_t j = 0; j < snap->nsegs; j++) {
         const uint64_t *b = bits[j];
@@ -940,7 +942,7 @@ static int fm_changed_entries(const fm_snap *snap, uint64_t *const *bits, cm_ptr
             at = (at + 1u) & mask;
         } while (at != h);
     }
-    if (out->n > 1) qsort(out->a, out->n, sizeof(void *), fm_seq_cmp);
+    if (out->n - start > 1) qsort(out->a + start, out->n - start, sizeof(void *), fm_seq_cmp);
     rc = 0;
 done:
     PyMem_RawFree(todo.a);

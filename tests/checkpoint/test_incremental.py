@@ -102,13 +102,14 @@ def chain_restores_its_moments(tmp_path_factory: Any, ttl: bool, ops: list, max_
 
 @contextlib.contextmanager
 def blocks_of(rows: int) -> Iterator[None]:
-    """Checkpoints written meanwhile gather key groups into blocks of about ``rows`` rows."""
-    before = checkpoint_storage.BLOCK_ROWS
-    checkpoint_storage.BLOCK_ROWS = rows
+    """Checkpoints written meanwhile gather key groups into blocks of about
+    ``rows`` rows (full ones), ``rows`` key groups (increments)."""
+    before = checkpoint_storage.BLOCK_ROWS, checkpoint_storage.CHANGE_CHUNK
+    checkpoint_storage.BLOCK_ROWS = checkpoint_storage.CHANGE_CHUNK = rows
     try:
         yield
     finally:
-        checkpoint_storage.BLOCK_ROWS = before
+        checkpoint_storage.BLOCK_ROWS, checkpoint_storage.CHANGE_CHUNK = before
 
 
 def filled(n: int) -> tuple[KeyedStateBackend, Any]:

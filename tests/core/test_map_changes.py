@@ -200,3 +200,55 @@ def test_tracking_memory_is_returned() -> None:
         assert tracemalloc.get_traced_memory()[0] - base < 64 * 1024
     finally:
         tracemalloc.stop()
+
+
+def _same(a: Any, b: Any, n: int) -> bool:
+    return listed(a, n) == listed(b, n)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    maps=st.lists(
+        st.tuples(
+            st.sampled_from(["chained", "flat"]),
+            st.lists(st.tuples(st.booleans(), KEYS, st.sampled_from([NS, "other"])), max_size=30),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_changes_of_many_maps_in_one_call_are_each_maps_in_turn(maps: list) -> None:
+    """``snapshot_changes_many`` equals ``snapshot_changes`` of each map one after
+    the other (counts per map, columns joined); one map not tracking: ValueError, nothing read."""
+    from cowmap._core import snapshot_changes_many
+
+    made, snaps = [], []
+    for kind, ops in maps:
+        m: Any = CopyOnWriteStateMap(capacity=4) if kind == "chained" else FlatStateMap()
+        for k in range(5):
+            m.put(k, NS, k)
+        m.snapshot(cut=True).release()
+        for put, key, ns in ops:
+            m.put(key, ns, 1) if put else m.remove(key, ns)
+        made.append(m)
+        snaps.append(m.snapshot(cut=True))
+    one = [snapshot_changes(s, NS) for s in snaps]
+    keys, nss, states, ts, gk, gn, counts, gcounts = snapshot_changes_many(snaps, NS)
+    assert counts.tolist() == [len(o[3]) for o in one]
+    assert gcounts.tolist() == [len(o[4]) for o in one]
+    n, g = int(counts.sum()), int(gcounts.sum())
+    assert listed(keys, n) == [x for o in one for x in listed(o[0], len(o[3]))]
+    assert listed(nss, n, NS) == [x for o in one for x in listed(o[1], len(o[3]), NS)]
+    assert listed(states, n) == [x for o in one for x in listed(o[2], len(o[3]))]
+    assert listed(ts, n) == [x for o in one for x in listed(o[3], len(o[3]))]
+    assert listed(gk, g) == [x for o in one for x in listed(o[4], len(o[4]))]
+    assert listed(gn, g, NS) == [x for o in one for x in listed(o[5], len(o[4]), NS)]
+    plain = CopyOnWriteStateMap()
+    with plain.snapshot() as untracked, pytest.raises(ValueError, match="not known"):
+        snapshot_changes_many([*snaps, untracked], NS)
+    with pytest.raises(TypeError, match="expected a StateMapSnapshot"):
+        snapshot_changes_many([object()], NS)
+    for s in snaps:
+        s.release()
+    with pytest.raises(RuntimeError, match="released"):
+        snapshot_changes_many(snaps, NS)

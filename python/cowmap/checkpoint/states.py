@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from cowmap._core import NO_TIMESTAMP, ColumnReader, column_put, snapshot_changes, user_insert_many
+from cowmap._core import (
+    NO_TIMESTAMP,
+    ColumnReader,
+    column_put,
+    snapshot_changes,
+    snapshot_changes_many,
+    user_insert_many,
+)
 from cowmap._requests import replace_all
 from cowmap.checkpoint.columns import PICKLE, Const, Serializer, column_list, encode_column, serializer_name
 from cowmap.checkpoint.fileformat import Runs, Section
@@ -45,6 +52,7 @@ __all__ = [
     "block_columns",
     "change_columns",
     "changed_timer_key_groups",
+    "encode_change_chunk",
     "encode_group",
     "restore_blocks",
     "split_by_key_group",
@@ -128,17 +136,18 @@ def changes_lost(snap: KeyedStateSnapshot) -> bool:
     return any(m.changes == "lost" for name in snap.state_names() for m in snap._state(name).maps.values())
 
 
-def change_columns(snap: KeyedStateSnapshot, kg: int) -> list[Piece]:
+def change_columns(snap: KeyedStateSnapshot, kg: int, states: Iterable[int] | None = None) -> list[Piece]:
     """What changed in key group ``kg`` between the previous cut and ``snap``
     (a cut none of whose maps ``changes_lost``): the removed keys of every
-    state (tombstone sections), then the entries written, as
-    :func:`block_columns` gives them. A map made since the previous cut goes
-    whole. O(changes)."""
-    nstates = len(snap.state_names())
+    state (of ``states``, indices, when given) as tombstone sections, then the
+    entries written, as :func:`block_columns` gives them. A map made since the
+    previous cut goes whole. O(changes)."""
+    names = snap.state_names()
+    nstates = len(names)
     tombs: list[Piece] = []
     upserts: list[Piece] = []
-    for i, name in enumerate(snap.state_names()):
-        s = snap._state(name)
+    for i in range(nstates) if states is None else states:
+        s = snap._state(names[i])
         m = s.maps.get(kg)
         if m is None:
             continue
@@ -169,22 +178,81 @@ def encode_group(snap: KeyedStateSnapshot, group: list[tuple[int, list[Piece]]],
     key groups (with ``changes_only``, an increment's: those of the services
     and domains whose timers there changed, a run of 0 rows where none are
     left). O(rows), with O(1) encoding calls per section, not per key group."""
+    sections = _piece_sections(snap, group) + _timer_sections(snap, [kg for kg, _ in group], changes_only)
+    return _in_block_order(sections, len(snap.state_names()))
+
+
+def encode_change_chunk(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Section]:
+    """The sections of an increment's block of key groups ``kgs`` (increasing):
+    what :func:`encode_group` makes of their :func:`change_columns`, with the
+    changes of each state whose maps there were all cut before read in one
+    compiled call (``snapshot_changes_many``) rather than one per key group:
+    an increment's cost follows its changes, not its key groups. O(changes +
+    key groups)."""
+    names = snap.state_names()
+    nstates = len(names)
+    sections: list[Section] = []
+    slow = []
+    for i, name in enumerate(names):
+        s = snap._state(name)
+        present = [kg for kg in kgs if kg in s.maps]
+        if not present:
+            continue
+        maps = [s.maps[kg] for kg in present]
+        snap._check()
+        if not _changes_in_one_call(s) or any(m.changes != "known" for m in maps):
+            slow.append(i)
+            continue
+        kind = s.table.kind
+        keys, nss, states, ts, gone_keys, gone_nss, counts, gone_counts = snapshot_changes_many(maps, _namespace0(kind))
+        if len(gone_keys):
+            runs = _runs(present, gone_counts)
+            cols = _tombstone_columns(kind, gone_keys, gone_nss)
+            sections.append((nstates + i, len(gone_keys), [encode_column(c, PICKLE) for c in cols], runs))
+        if len(ts):
+            sections.append(_section(i, s, _columns(s, present[0], (keys, nss, states, ts)), _runs(present, counts)))
+    if slow:
+        sections += _piece_sections(snap, [(kg, change_columns(snap, kg, slow)) for kg in kgs])
+    sections += _timer_sections(snap, kgs, True)
+    return _in_block_order(sections, nstates)
+
+
+def _changes_in_one_call(s: Any) -> bool:
+    """Whether a state's changes of several key groups may be read in one call:
+    each changed entry is one row (not a list state's, whose export makes the
+    rows) and none is left out (no expired rows dropped at full snapshots)."""
+    return s.cleanup_now is None and (s.table.kind == "map" or type(s.table).export is StateTable.export)
+
+
+def _runs(kgs: list[int], counts: np.ndarray) -> Runs:
+    """The runs of the key groups with rows."""
+    keep = counts > 0
+    return np.asarray(kgs, dtype=np.int64)[keep].tolist(), counts[keep].tolist()
+
+
+def _piece_sections(snap: KeyedStateSnapshot, group: list[tuple[int, list[Piece]]]) -> list[Section]:
+    """The pieces of key groups (``(kg, pieces)`` in increasing order) gathered
+    into a section per section index, each run of rows tagged with its key group."""
     nstates = len(snap.state_names())
     by_index: dict[int, list[tuple[int, list[Any]]]] = {}
     for kg, pieces in group:
         for index, cols in pieces:
             by_index.setdefault(index, []).append((kg, cols))
     sections: list[Section] = []
-    for index in sorted(by_index, key=lambda i: (i < nstates, i)):  # tombstones (S..2S-1) first
-        parts = by_index[index]
+    for index, parts in by_index.items():
         runs = ([kg for kg, _ in parts], [len(cols[0]) for _, cols in parts])
         cols = _concat([cols for _, cols in parts])
         if index < nstates:
             sections.append(_section(index, snap._state(snap.state_names()[index]), cols, runs))
         else:
             sections.append((index, sum(runs[1]), [encode_column(c, PICKLE) for c in cols], runs))
-    sections += _timer_sections(snap, [kg for kg, _ in group], changes_only)
     return sections
+
+
+def _in_block_order(sections: list[Section], nstates: int) -> list[Section]:
+    """Tombstones (indices S..2S-1) first, then the states' rows, then timers:
+    a key group's removals are applied before its writes."""
+    return sorted(sections, key=lambda sec: (0 if nstates <= sec[0] < 2 * nstates else 1, sec[0]))
 
 
 def _timer_sections(snap: KeyedStateSnapshot, kgs: list[int], changes_only: bool) -> list[Section]:
