@@ -145,3 +145,46 @@ def fail_once_downstream(marker_dir: str, frames):
         open(marker, "w").close()
         raise RuntimeError("injected failure after the commit")
     yield from rows
+
+
+class Reminders:
+    """A processing-time timer a millisecond after each key's batch: it fires at
+    the end of the next micro-batch (whose time is later), with the key current."""
+
+    def open(self, ctx):
+        self.seen = ctx.get_state(ValueStateDescriptor("seen"))
+        self.timers = ctx.get_timer_service("reminders")
+
+    def process(self, batch, ctx):
+        for _key, _rows in ctx.groups(batch):
+            self.seen.update(ctx.batch_id)
+            self.timers.register_processing_time_timer(ctx.batch_timestamp_ms + 1)
+
+    def on_timer(self, key, timestamp, ctx):
+        assert ctx.current_key == key and ctx.timer_domain.name == "PROCESSING_TIME"
+        return {"k": key, "n": self.seen.value()}
+
+
+class AsyncCount:
+    """The per-key count through the async state API: one record per row, each
+    key's in order, the state requests batched."""
+
+    def open(self, ctx):
+        from cowmap.asyncstate import AsyncExecutionController
+
+        self.count = ctx.get_state(ValueStateDescriptor("count", default_value=0))
+        self.aec = AsyncExecutionController(ctx.backend, batch_size=64)
+        self.out = {}
+
+    def process(self, batch, ctx):
+        def on_row(key):
+            def bump(n):
+                self.out[key] = n + 1
+                return self.count.async_update(n + 1)
+
+            self.count.async_value().then_compose(bump)
+
+        for key in batch["k"].tolist():
+            self.aec.process(key, on_row, key)
+        self.aec.drain()
+        return pd.DataFrame({"k": list(self.out), "n": list(self.out.values())})

@@ -18,12 +18,14 @@ import numpy as np
 import pandas as pd
 import pytest
 from processors import (
+    AsyncCount,
     CountColumnar,
     CountPairs,
     CountPerKey,
     Dedup,
     FailOnce,
     Raising,
+    Reminders,
     Sessions,
     WrongColumns,
     fail_once_downstream,
@@ -292,3 +294,22 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
         apply_with_state(df2, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=3).toPandas(), "k", "n"
     )
     assert got == _counts_reference([first, second])
+
+
+def test_processing_time_timers_fire_at_a_later_batch(spark, tmp_path) -> None:
+    batches = [pd.DataFrame({"k": ks, "v": 0}) for ks in ([1, 2, 3], [3, 4], [5])]
+    s = Stream(spark, tmp_path, EVENTS)
+    for b in batches:
+        s.add(b)
+    # one partition: it has rows in every micro-batch (a partition without any keeps its time)
+    got = _rows(s.run(Reminders, COUNTS, num_partitions=1), "k", "n")
+    # each reminder fires at the end of the next micro-batch, with what its key holds then
+    assert got == Counter({(1, 0): 1, (2, 0): 1, (3, 1): 2, (4, 1): 1})
+
+
+def test_the_async_state_api_inside_a_processor(spark, tmp_path) -> None:
+    batches = [_events(60 + i, 300, 25) for i in range(2)]
+    s = Stream(spark, tmp_path, EVENTS)
+    for b in batches:
+        s.add(b)
+    assert _rows(s.run(AsyncCount, COUNTS, num_partitions=2), "k", "n") == _counts_reference(batches)

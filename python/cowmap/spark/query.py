@@ -47,8 +47,9 @@ def apply_with_state(
     DataFrame with ``schema``'s columns (or an iterator of them, or None); then
     due timers call ``on_timer(key, timestamp, ctx)`` (returning a dict, a list
     of them, a DataFrame or None), ``close()`` runs, and the state is committed.
-    ``process`` is not called for a partition without rows in a micro-batch
-    (its timers still fire).
+    A partition learns the batch's time from its rows: one without rows in a
+    micro-batch keeps its time and watermark (its timers fire at its next
+    batch with rows), and ``process`` is not called for it.
 
     State versions follow Spark's micro-batches: batch ``b`` loads version ``b``
     of its key-group range and commits ``b + 1`` after its output is produced,
