@@ -83,7 +83,7 @@ class CowmapPerKey:
         for key, rows in ctx.groups(batch):
             c, t = agg.value() or (0, 0)
             c += len(rows)
-            t += int(rows["v"].sum())
+            t += rows.sum("v")
             agg.update((c, t))
             ks.append(key)
             cs.append(c)
