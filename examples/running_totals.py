@@ -6,13 +6,11 @@ update every user's count and total in four calls, however many users it has.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from file_stream import main, run_stream, write_files
 from pyspark.sql import DataFrame, SparkSession
 
 from cowmap import ValueStateDescriptor
@@ -42,44 +40,24 @@ def running_totals(purchases: DataFrame, state_dir: str) -> DataFrame:
 
 def write_purchases(directory: Path, batches: int = 3, per_batch: int = 5_000, seed: int = 2) -> list[pd.DataFrame]:
     """Files of purchases (user id, amount), one per micro-batch."""
-    directory.mkdir(parents=True, exist_ok=True)
-    start = time.time()
     rng = np.random.default_rng(seed)
-    frames = []
-    for i in range(batches):
-        frame = pd.DataFrame(
-            {
-                "user": rng.integers(0, 1_000, per_batch),
-                "amount": rng.integers(1, 10_000, per_batch) / 100,
-            }
-        )
-        path = directory / f"purchases-{i:03d}.parquet"
-        frame.to_parquet(path, index=False)
-        os.utime(path, (start + i, start + i))  # a file stream reads files in the order of their times
-        frames.append(frame)
-    return frames
+    frames = [
+        pd.DataFrame({"user": rng.integers(0, 1_000, per_batch), "amount": rng.integers(1, 10_000, per_batch) / 100})
+        for _ in range(batches)
+    ]
+    return write_files(directory, frames, "purchases")
 
 
 def run(spark: SparkSession, workdir: Path) -> pd.DataFrame:
     write_purchases(workdir / "purchases")
-    purchases = spark.readStream.schema("user long, amount double").option("maxFilesPerTrigger", 1)
-    out = running_totals(purchases.parquet(str(workdir / "purchases")), str(workdir / "state"))
-    query = (
-        out.writeStream.format("parquet")
-        .option("path", str(workdir / "out"))
-        .option("checkpointLocation", str(workdir / "spark-checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return spark.read.parquet(str(workdir / "out")).toPandas()
+    return run_stream(spark, workdir, "purchases", "user long, amount double", running_totals)
 
 
-if __name__ == "__main__":
-    session = SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run(session, Path(tmp))
+def show(result: pd.DataFrame) -> None:
     latest = result.sort_values("purchases").groupby("user").tail(1)
     print(f"{len(latest)} users; the biggest spenders:")
     print(latest.sort_values("total", ascending=False).head())
-    session.stop()
+
+
+if __name__ == "__main__":
+    main(run, show)

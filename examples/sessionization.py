@@ -9,13 +9,11 @@ click, and one event-time timer per user sits at the session's end.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from file_stream import main, run_stream, write_files
 from pyspark.sql import DataFrame, SparkSession
 
 from cowmap import MapStateDescriptor, ValueStateDescriptor
@@ -76,45 +74,29 @@ def sessions(clicks: DataFrame, state_dir: str) -> DataFrame:
 
 def write_clicks(directory: Path, batches: int = 4, per_batch: int = 400, seed: int = 1) -> list[pd.DataFrame]:
     """Files of clicks (user, page, ts in epoch ms), an hour of event time each."""
-    directory.mkdir(parents=True, exist_ok=True)
-    start = time.time()
     rng = np.random.default_rng(seed)
-    frames = []
-    for i in range(batches):
-        ts = i * 3_600_000 + np.sort(rng.integers(0, 3_600_000, per_batch))
-        frame = pd.DataFrame(
+    frames = [
+        pd.DataFrame(
             {
                 "user": rng.choice([f"user-{u}" for u in range(150)], per_batch),
                 "page": rng.choice([f"/p/{p}" for p in range(10)], per_batch),
-                "ts": ts,
+                "ts": i * 3_600_000 + np.sort(rng.integers(0, 3_600_000, per_batch)),
             }
         )
-        path = directory / f"clicks-{i:03d}.parquet"
-        frame.to_parquet(path, index=False)
-        os.utime(path, (start + i, start + i))  # a file stream reads files in the order of their times
-        frames.append(frame)
-    return frames
+        for i in range(batches)
+    ]
+    return write_files(directory, frames, "clicks")
 
 
 def run(spark: SparkSession, workdir: Path) -> pd.DataFrame:
     write_clicks(workdir / "clicks")
-    clicks = spark.readStream.schema("user string, page string, ts long").option("maxFilesPerTrigger", 1)
-    out = sessions(clicks.parquet(str(workdir / "clicks")), str(workdir / "state"))
-    query = (
-        out.writeStream.format("parquet")
-        .option("path", str(workdir / "out"))
-        .option("checkpointLocation", str(workdir / "spark-checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return spark.read.parquet(str(workdir / "out")).toPandas()
+    return run_stream(spark, workdir, "clicks", "user string, page string, ts long", sessions)
+
+
+def show(result: pd.DataFrame) -> None:
+    print(f"{len(result)} sessions closed")
+    print(result.sort_values(["user", "start"]).head(10))
 
 
 if __name__ == "__main__":
-    session = SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run(session, Path(tmp))
-    print(f"{len(result)} sessions closed")
-    print(result.sort_values(["user", "start"]).head(10))
-    session.stop()
+    main(run, show)

@@ -8,13 +8,11 @@ it was set; the whole batch is checked and marked in two columnar calls.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pandas as pd
+from file_stream import main, run_stream, write_files
 from pyspark.sql import DataFrame, SparkSession
 
 from cowmap import StateTtlConfig, ValueStateDescriptor
@@ -39,40 +37,29 @@ def first_clicks(clicks: DataFrame, state_dir: str) -> DataFrame:
 
 
 def write_clicks(directory: Path, batches: int = 3, per_batch: int = 1_000) -> list[pd.DataFrame]:
-    """Files of clicks (user, url) to stream, one per micro-batch."""
-    directory.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    frames = []
-    for i in range(batches):
-        users = [f"user-{(i * 7919 + j * 104729) % 2_000}" for j in range(per_batch)]
-        frame = pd.DataFrame({"user": users, "url": [f"/page/{j % 17}" for j in range(per_batch)]})
-        path = directory / f"clicks-{i:03d}.parquet"
-        frame.to_parquet(path, index=False)
-        os.utime(path, (start + i, start + i))  # a file stream reads files in the order of their times
-        frames.append(frame)
-    return frames
+    """Files of clicks (user, url), one per micro-batch."""
+    frames = [
+        pd.DataFrame(
+            {
+                "user": [f"user-{(i * 7919 + j * 104729) % 2_000}" for j in range(per_batch)],
+                "url": [f"/page/{j % 17}" for j in range(per_batch)],
+            }
+        )
+        for i in range(batches)
+    ]
+    return write_files(directory, frames, "clicks")
 
 
 def run(spark: SparkSession, workdir: Path) -> pd.DataFrame:
     """Stream the files through the dedup into a parquet sink; the sink's rows."""
     write_clicks(workdir / "clicks")
-    clicks = spark.readStream.schema("user string, url string").option("maxFilesPerTrigger", 1)
-    out = first_clicks(clicks.parquet(str(workdir / "clicks")), str(workdir / "state"))
-    query = (
-        out.writeStream.format("parquet")
-        .option("path", str(workdir / "out"))
-        .option("checkpointLocation", str(workdir / "spark-checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return spark.read.parquet(str(workdir / "out")).toPandas()
+    return run_stream(spark, workdir, "clicks", "user string, url string", first_clicks)
+
+
+def show(result: pd.DataFrame) -> None:
+    print(f"{len(result)} first clicks of {result['user'].nunique()} users")
+    print(result.head())
 
 
 if __name__ == "__main__":
-    session = SparkSession.builder.master("local[2]").config("spark.sql.shuffle.partitions", "2").getOrCreate()
-    with tempfile.TemporaryDirectory() as tmp:
-        result = run(session, Path(tmp))
-    print(f"{len(result)} first clicks of {result['user'].nunique()} users")
-    print(result.head())
-    session.stop()
+    main(run, show)

@@ -19,6 +19,9 @@ EXAMPLES = ROOT / "examples"
 def _load(name: str):
     from pyspark import cloudpickle
 
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))  # (as running the script puts its directory there: file_stream)
+
     spec = importlib.util.spec_from_file_location(f"cowmap_example_{name}", EXAMPLES / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
