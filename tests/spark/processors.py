@@ -188,3 +188,8 @@ class AsyncCount:
             self.aec.process(key, on_row, key)
         self.aec.drain()
         return pd.DataFrame({"k": list(self.out), "n": list(self.out.values())})
+
+
+class ReturnsRows(CountPerKey):
+    def process(self, batch, ctx):
+        return [tuple(r) for r in super().process(batch, ctx).itertuples(index=False)]

@@ -26,6 +26,7 @@ from processors import (
     FailOnce,
     Raising,
     Reminders,
+    ReturnsRows,
     Sessions,
     WrongColumns,
     fail_once_downstream,
@@ -285,6 +286,10 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
     with pytest.raises(Exception, match="the processor failed on purpose"):
         apply_with_state(
             df2, "k", Raising, COUNTS, checkpoint_location=loc, num_partitions=2, name="CountPerKey"
+        ).collect()
+    with pytest.raises(Exception, match="process must return pandas DataFrames, got tuple"):
+        apply_with_state(
+            df2, "k", ReturnsRows, COUNTS, checkpoint_location=loc, num_partitions=2, name="CountPerKey"
         ).collect()
     nulls = spark.createDataFrame([(1, 1), (None, 2)], EVENTS)
     with pytest.raises(Exception, match="null key"):

@@ -436,6 +436,9 @@ def plot(res: dict[str, Any], path: str) -> str | None:
         vals = [res["workloads"][w]["figures"].get(s, {}).get("rows_per_s", 0) for s in SYSTEMS]
         ax.barh([i + j * width for i in range(len(SYSTEMS))], vals, height=width, label=w)
     ax.set_yticks([i + width * (len(names) - 1) / 2 for i in range(len(SYSTEMS))], [LABELS[s] for s in SYSTEMS])
+    for i, system in enumerate(SYSTEMS):
+        if system in res.get("failed", {}):
+            ax.annotate("failed (see the report)", (0.01, i), xycoords=("axes fraction", "data"), va="center")
     ax.set_xscale("log")
     ax.set_xlabel("rows/s (whole query, log scale)")
     ax.legend()
