@@ -296,10 +296,11 @@ class CheckpointStorage:
         with store.atomic(data_name(cid)) as out:
             w = DataFileWriter(out, header)
 
-            def write(group: list[tuple[int, list[Piece]]]) -> int:
-                sections = encode_group(snap, group, changes_only=False)
-                if sections:
-                    w.block(group[0][0], group[-1][0], sections)
+            def put(first: int, last: int, sections: list[Section]) -> int:
+                """Write a block; its rows of states and tombstones (a manifest's entries)."""
+                if not sections:
+                    return 0
+                w.block(first, last, sections)
                 return sum(n for i, n, _, _ in sections if i < timer_base)
 
             if chain is not None:  # an increment: a block per CHANGE_CHUNK key groups, read in one call per state
@@ -309,23 +310,19 @@ class CheckpointStorage:
                     sections = encode_change_chunk(snap, chunk)
                     for kg in chunk:
                         snap._release_key_group(kg)
-                    if sections:
-                        w.block(chunk[0], chunk[-1], sections)
-                        rows += sum(n for i, n, _, _ in sections if i < timer_base)
-            else:
+                    rows += put(chunk[0], chunk[-1], sections)
+            else:  # full: key groups gathered until a block holds BLOCK_ROWS rows
                 group: list[tuple[int, list[Piece]]] = []
                 in_group = 0
-                for kg in sorted(kgs):
+                for i, kg in enumerate(ordered := sorted(kgs)):
                     pieces = block_columns(snap, kg)
                     # read out: the backend need not keep this key group's data for us any longer
                     snap._release_key_group(kg)
                     group.append((kg, pieces))
                     in_group += sum(len(cols[0]) for _, cols in pieces)
-                    if in_group >= BLOCK_ROWS:
-                        rows += write(group)
+                    if in_group >= BLOCK_ROWS or i == len(ordered) - 1:
+                        rows += put(group[0][0], kg, encode_group(snap, group))
                         group, in_group = [], 0
-                if group:
-                    rows += write(group)
             if pending is not None:
                 w.block(PENDING_BLOCK, PENDING_BLOCK, [pending])
             size = w.finish()

@@ -171,20 +171,19 @@ def timer_section_base(nstates: int) -> int:
     return 2 * nstates
 
 
-def encode_group(snap: KeyedStateSnapshot, group: list[tuple[int, list[Piece]]], changes_only: bool) -> list[Section]:
-    """The sections of one block: the pieces of its key groups (``(kg,
-    pieces)`` in increasing order) gathered per section index, each run of
-    rows tagged with its key group, tombstones first; then the timers of those
-    key groups (with ``changes_only``, an increment's: those of the services
-    and domains whose timers there changed, a run of 0 rows where none are
-    left). O(rows), with O(1) encoding calls per section, not per key group."""
-    sections = _piece_sections(snap, group) + _timer_sections(snap, [kg for kg, _ in group], changes_only)
+def encode_group(snap: KeyedStateSnapshot, group: list[tuple[int, list[Piece]]]) -> list[Section]:
+    """The sections of one block of a full checkpoint: the pieces of its key
+    groups (``(kg, pieces)`` in increasing order) gathered per section index,
+    each run of rows tagged with its key group, then every timer of those key
+    groups. O(rows), with O(1) encoding calls per section, not per key group."""
+    sections = _piece_sections(snap, group) + _timer_sections(snap, [kg for kg, _ in group], False)
     return _in_block_order(sections, len(snap.state_names()))
 
 
 def encode_change_chunk(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Section]:
     """The sections of an increment's block of key groups ``kgs`` (increasing):
-    what :func:`encode_group` makes of their :func:`change_columns`, with the
+    the sections of their :func:`change_columns` (tombstones first) and of
+    their changed timers (a run of 0 rows where none are left), with the
     changes of each state whose maps there were all cut before read in one
     compiled call (``snapshot_changes_many``) rather than one per key group:
     an increment's cost follows its changes, not its key groups. O(changes +
