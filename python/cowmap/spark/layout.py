@@ -22,7 +22,6 @@ import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from cowmap.checkpoint import CheckpointStorage
 from cowmap.checkpoint.storage import Store
@@ -50,8 +49,8 @@ class Layout:
 
 
 class Location:
-    """The state directory of one operator of one query (picklable: it is shipped
-    to the executors as the URI and the layouts it had on the driver)."""
+    """The state directory of one operator of one query (shipped to the
+    executors, pickled, with the layouts it had on the driver)."""
 
     def __init__(self, uri: str, operator: str, layouts: list[Layout] | None = None) -> None:
         if not isinstance(uri, str | os.PathLike):
@@ -64,12 +63,6 @@ class Location:
         self.uri = uri.rstrip("/")
         self.operator = operator
         self.layouts: list[Layout] = layouts if layouts is not None else self._read_layouts()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"uri": self.uri, "operator": self.operator, "layouts": self.layouts}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     def _path(self, *parts: str) -> str:
         return "/".join([self.uri, self.operator, *parts])
