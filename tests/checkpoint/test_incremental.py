@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_roundtrip import KEYS, NAMESPACES, VALUES, apply
 
-from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage
+from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage, fileformat
 from cowmap.state import KeyedStateBackend, KeyGroupRange, MapStateDescriptor, ValueStateDescriptor
 
 from ckpt_helpers import Clock, contents, register
@@ -247,14 +248,14 @@ def test_a_damaged_base_fails_the_increments_restore(tmp_path: Path) -> None:
     storage.save(b)
     v.update_many(np.array([1], dtype=np.int64), np.array([-1], dtype=np.int64))
     storage.save(b)
-    base = tmp_path / "chk-0000000001.data"
+    base = tmp_path / storage.manifest(1)["files"][0]["name"]
     raw = bytearray(base.read_bytes())
     raw[len(raw) // 2] ^= 0x40
     base.write_bytes(bytes(raw))
     r = KeyedStateBackend(max_parallelism=32)
     with pytest.raises(CorruptCheckpointError) as e:
         storage.restore(r)
-    assert e.value.path.endswith("chk-0000000001.data")
+    assert e.value.path == str(base)
     assert contents(r) == {}
 
 
@@ -406,3 +407,29 @@ def test_an_increment_mixing_new_and_tracked_maps_in_one_block(tmp_path: Path, k
     again = KeyedStateBackend(max_parallelism=8)
     storage.restore(again)
     assert contents(again) == contents(b)
+
+
+def test_a_version_written_again_stays_readable_until_replaced(tmp_path: Path) -> None:
+    """A second write of a committed version (a retried or speculative task)
+    that dies half-way leaves the first one committed and whole; one that
+    ends replaces it, and retain() removes the replaced data file."""
+    b, v = filled(300)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b, checkpoint_id=1)
+    first = contents(b)
+    v.update_many(np.arange(10, dtype=np.int64), np.full(10, -1, dtype=np.int64))
+    failing = mock.patch.object(fileformat.DataFileWriter, "finish", side_effect=OSError("disk gone"))
+    with failing, pytest.raises(OSError, match="disk gone"):
+        storage.save(b, checkpoint_id=1)
+    assert storage.checkpoints() == [1]
+    dst = KeyedStateBackend(max_parallelism=32)
+    storage.restore(dst, 1)
+    assert contents(dst) == first
+    storage.save(b, checkpoint_id=1)
+    dst = KeyedStateBackend(max_parallelism=32)
+    storage.restore(dst, 1)
+    assert contents(dst) == contents(b) != first
+    data = sorted(p.name for p in tmp_path.glob("chk-*.data"))
+    assert len(data) == 2  # the replaced one is left to retain()
+    storage.retain(1)
+    assert [p.name for p in tmp_path.glob("chk-*.data")] == [storage.manifest(1)["files"][0]["name"]]

@@ -141,9 +141,11 @@ class CheckpointStorage:
 
         ``checkpoint_id``: commit under this id (a version, e.g. a micro-batch's)
         instead of the next one. An id that is committed already is written
-        again, and every checkpoint after it is dropped first (a retried or
+        again: every checkpoint after it is dropped first (a retried or
         restarted batch replaces the future it had written; later increments
-        may chain to it).
+        may chain to it), and the new manifest replaces the old one in one
+        rename, so the id stays readable throughout, even while two attempts
+        write it at once.
 
         ``metadata``: a small JSON-able dict kept in the checkpoint's manifest
         (``manifest(id)["metadata"]``), for what the caller must restore with
@@ -293,7 +295,8 @@ class CheckpointStorage:
             kgs.update(changed_timer_key_groups(snap))  # (a key group whose timers all went)
         rows = 0
         timer_base = 2 * len(names)
-        with store.atomic(data_name(cid)) as out:
+        name = data_name(cid)
+        with store.atomic(name) as out:
             w = DataFileWriter(out, header)
 
             def put(first: int, last: int, sections: list[Section]) -> int:
@@ -331,7 +334,7 @@ class CheckpointStorage:
             {
                 "type": kind,
                 "parent": header["parent"],
-                "files": (chain or []) + [{"name": data_name(cid), "size": size}],
+                "files": (chain or []) + [{"name": name, "size": size}],
                 "entries": rows,
                 "pending_records": pending[1] if pending is not None else 0,
                 "timers": sum(t.count() for t in snap._timers.values()),
@@ -345,13 +348,17 @@ class CheckpointStorage:
         return cid
 
     def _drop_from(self, cid: int) -> None:
-        """Before checkpoint ``cid`` is written: drop it and every later one if
-        ``cid`` was written before (uncommitted first, then their data)."""
+        """Before checkpoint ``cid`` is written: drop every later one if ``cid``
+        was written before (uncommitted first, then their data). ``cid`` itself
+        stays committed until the new manifest replaces its manifest in one
+        rename: a writer killed meanwhile, or a second attempt writing the same
+        version at once, leaves a whole checkpoint ``cid`` either way; the old
+        data file is left to :meth:`retain`."""
         store = self._store
-        committed = [i for i in store.committed() if i >= cid]
+        committed = [i for i in store.committed() if i > cid]
         if committed:
             store.delete([manifest_name(i) for i in committed])
-        stale = [name for name in store.names() if (i := data_id(name)) is not None and i >= cid]
+        stale = [name for name in store.names() if (i := data_id(name)) is not None and i > cid]
         if stale:
             store.delete(stale)
 

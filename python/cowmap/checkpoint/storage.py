@@ -2,7 +2,8 @@
 
 A checkpoint ``N`` is two files in the storage's directory:
 
-- ``chk-<N>.data``: the states (see :mod:`cowmap.checkpoint.fileformat`);
+- ``chk-<N>-<tag>.data``: the states (see :mod:`cowmap.checkpoint.fileformat`),
+  under a name unique to the write;
 - ``chk-<N>.manifest``: a small checksummed JSON document naming the data
   files to read (one, or a full base and increments), their sizes, and what
   the checkpoint holds.
@@ -33,12 +34,16 @@ from cowmap.checkpoint.fileformat import FORMAT_VERSION, DataFileReader, checksu
 __all__ = ["Store"]
 
 _MANIFEST = re.compile(r"^chk-(\d{10})\.manifest$")
-_DATA = re.compile(r"^chk-(\d{10})\.data$")
+_DATA = re.compile(r"^chk-(\d{10})-[0-9a-f]{12}\.data$")
 TMP_PREFIX = ".tmp-"
 
 
 def data_name(cid: int) -> str:
-    return f"chk-{cid:010d}.data"
+    """A new data file's name for checkpoint ``cid``: unique per write, so that
+    writing ``cid`` again (a retried batch, a speculative attempt) never touches
+    the data the committed manifest names; the new manifest replaces the old in
+    one rename."""
+    return f"chk-{cid:010d}-{uuid.uuid4().hex[:12]}.data"
 
 
 def data_id(name: str) -> int | None:
