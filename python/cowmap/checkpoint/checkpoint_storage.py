@@ -114,7 +114,7 @@ class CheckpointStorage:
 
     def save(
         self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None,
-        checkpoint_id: int | None = None, metadata: dict[str, Any] | None = None,
+        checkpoint_id: int | None = None, metadata: dict[str, Any] | None = None, drop_later: bool = True,
     ) -> int:
         """Write the states of ``backend`` as a new checkpoint; returns its id
         (greater than every id in the directory). Consistent at the call (a
@@ -143,9 +143,11 @@ class CheckpointStorage:
         instead of the next one. An id that is committed already is written
         again: every checkpoint after it is dropped first (a retried or
         restarted batch replaces the future it had written; later increments
-        may chain to it), and the new manifest replaces the old one in one
-        rename, so the id stays readable throughout, even while two attempts
-        write it at once.
+        may chain to it; with ``drop_later=False`` they stay, for a caller
+        that knows none can exist but a straggler's, such as a Spark task whose
+        speculative twin already went on), and the new manifest replaces the
+        old one in one rename, so the id stays readable throughout, even while
+        two attempts write it at once.
 
         ``metadata``: a small JSON-able dict kept in the checkpoint's manifest
         (``manifest(id)["metadata"]``), for what the caller must restore with
@@ -155,13 +157,13 @@ class CheckpointStorage:
         meta = _check_metadata(metadata)
         cid, snap, pending, parent = self._begin(backend, controller, incremental, checkpoint_id)
         try:
-            return self._write(backend, snap, pending, cid, parent, meta)
+            return self._write(backend, snap, pending, cid, parent, meta, drop_later)
         finally:
             snap.release()
 
     def save_async(
         self, backend: KeyedStateBackend, incremental: bool = True, *, controller: Any = None,
-        checkpoint_id: int | None = None, metadata: dict[str, Any] | None = None,
+        checkpoint_id: int | None = None, metadata: dict[str, Any] | None = None, drop_later: bool = True,
     ) -> SaveHandle:
         """Take the snapshot now (with ``controller``: as :meth:`save` says) and
         write it on a background thread while the caller goes on using
@@ -174,7 +176,7 @@ class CheckpointStorage:
 
         def run() -> None:
             try:
-                future.set_result(self._write(backend, snap, pending, cid, parent, meta))
+                future.set_result(self._write(backend, snap, pending, cid, parent, meta, drop_later))
             except BaseException as e:  # noqa: BLE001 - handed to the caller through result()
                 future.set_exception(e)
             finally:
@@ -222,7 +224,7 @@ class CheckpointStorage:
 
     def _write(
         self, backend: KeyedStateBackend, snap: KeyedStateSnapshot, pending: Section | None, cid: int,
-        parent: int | None, metadata: dict[str, Any] | None = None,
+        parent: int | None, metadata: dict[str, Any] | None = None, drop_later: bool = True,
     ) -> int:
         store = self._store
         try:
@@ -234,7 +236,7 @@ class CheckpointStorage:
             with store.lock:
                 store.writer = threading.get_ident()
                 try:
-                    return self._write_locked(snap, pending, cid, parent, metadata)
+                    return self._write_locked(snap, pending, cid, parent, metadata, drop_later)
                 finally:
                     store.writer = None
         except BaseException:
@@ -267,7 +269,7 @@ class CheckpointStorage:
 
     def _write_locked(
         self, snap: KeyedStateSnapshot, pending: Section | None, cid: int, parent: int | None,
-        metadata: dict[str, Any] | None,
+        metadata: dict[str, Any] | None, drop_later: bool,
     ) -> int:
         """Write checkpoint ``cid``: the data file (full, or an increment of
         ``parent``'s chain), then the manifest that commits it."""
@@ -288,7 +290,8 @@ class CheckpointStorage:
             "states": headers,
             "timer_services": snap.timer_service_names(),
         }
-        self._drop_from(cid)
+        if drop_later:
+            self._drop_from(cid)
         kgs = {kg for name in names for kg in snap.key_groups(name)}
         kgs.update(kg for t in snap._timers.values() for kg in t.key_groups())
         if chain is not None:
@@ -439,7 +442,8 @@ class CheckpointStorage:
             orphans = [
                 name
                 for name in store.names()
-                if (cid := data_id(name)) is not None and cid <= newest and name not in needed
+                # (not the newest id's: a second write of it may be about to commit its data)
+                if (cid := data_id(name)) is not None and cid < newest and name not in needed
             ]
             store.delete(orphans + store.stale_temporaries(older_than_s=3600))
             return drop

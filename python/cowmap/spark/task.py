@@ -243,7 +243,12 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
 
     storage = plan.location.storage(plan.layout, kg_range)
     storage.save(
-        backend, checkpoint_id=batch_id + 1, metadata={"watermark": warm.watermark, "timestamp": warm.timestamp}
+        backend,
+        checkpoint_id=batch_id + 1,
+        metadata={"watermark": warm.watermark, "timestamp": warm.timestamp},
+        # a stream's next micro-batch starts only once this one is done: a later version can only
+        # be the next batch's, which a straggling attempt of this one must not drop
+        drop_later=not plan.streaming,
     )
     storage.retain(plan.retain_versions)
     warm.version = batch_id + 1
