@@ -19,7 +19,7 @@ from test_roundtrip import KEYS, NAMESPACES, VALUES, apply
 from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage, fileformat
 from cowmap.state import KeyedStateBackend, KeyGroupRange, MapStateDescriptor, ValueStateDescriptor
 
-from ckpt_helpers import Clock, contents, register
+from ckpt_helpers import Clock, contents, descriptors, register
 
 OP = st.tuples(
     st.sampled_from(
@@ -437,3 +437,86 @@ def test_a_version_written_again_stays_readable_until_replaced(tmp_path: Path) -
     assert storage.checkpoints() == [1, 2]
     storage.retain(1)
     assert [p.name for p in tmp_path.glob("chk-*.data")] == [storage.manifest(2)["files"][0]["name"]]
+
+
+def _states_without_timers(b: KeyedStateBackend, ttl: bool) -> dict[str, Any]:
+    ds = descriptors(ttl)
+    return {
+        "value": b.get_state(ds["value"]),
+        "list": b.get_list_state(ds["list"]),
+        "map": b.get_map_state(ds["map"]),
+        "reducing": b.get_reducing_state(ds["reducing"]),
+        "aggregating": b.get_aggregating_state(ds["aggregating"]),
+    }
+
+
+NO_TIMER_OP = OP.filter(lambda op: op[0] not in ("timer", "timer_delete", "fire"))
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@settings(max_examples=40, deadline=None)
+@given(ops=st.lists(NO_TIMER_OP, max_size=80))
+def test_a_backend_caught_up_by_increments_equals_a_restore(tmp_path_factory: Any, ttl: bool, ops: list) -> None:
+    """A backend holding checkpoint a, brought to a later b by the increments
+    between them only (cowmap.spark's warm backends), holds what a restore of
+    b gives; where b does not extend a's chain it refuses and changes nothing."""
+    clock = Clock()
+    src = KeyedStateBackend(max_parallelism=8, time_provider=clock)
+    states = _states_without_timers(src, ttl)
+    storage = CheckpointStorage(tmp_path_factory.mktemp("ck"), max_increments=3)
+    ids: list[int] = []
+    snaps: list = []
+    for op in ops + [("save",) + op[1:] for op in ops[-2:]]:
+        if op[0] in ("save", "save_full"):
+            ids.append(storage.save(src, incremental=op[0] == "save"))
+        else:
+            step(src, states, clock, op, snaps)
+    for s in snaps:
+        s.release()
+    for i, a in enumerate(ids):
+        for b in ids[i + 1 :]:
+            warm = KeyedStateBackend(max_parallelism=8, time_provider=clock)
+            _states_without_timers(warm, ttl)
+            storage.restore(warm, a)
+            held = contents(warm)
+            before, after = storage.manifest(a)["files"], storage.manifest(b)["files"]
+            extends = after[: len(before)] == before and len(after) > len(before)
+            assert storage._catch_up(warm, b) == extends
+            if extends:
+                want = KeyedStateBackend(max_parallelism=8, time_provider=clock)
+                storage.restore(want, b)
+                assert contents(warm) == contents(want)
+                assert warm._chain == (storage._key, b)
+            else:
+                assert contents(warm) == held
+
+
+def test_catching_up_is_refused_with_timers_or_another_history(tmp_path: Path) -> None:
+    b, v = filled(100)
+    storage = CheckpointStorage(tmp_path)
+    storage.save(b)
+    v.update_many(np.arange(5, dtype=np.int64), np.zeros(5, dtype=np.int64))
+    storage.save(b)
+    stranger, _ = filled(100)  # the same entries, but not restored from here
+    assert not storage._catch_up(stranger, 2)
+    warm = KeyedStateBackend(max_parallelism=32)
+    storage.restore(warm, 1)
+    warm.get_timer_service("t")
+    assert not storage._catch_up(warm, 2)  # (its timers could not take an increment's in place)
+    assert not storage._catch_up(warm, 7)  # no such checkpoint
+
+
+def test_a_caught_up_list_is_replaced_not_appended_to(tmp_path: Path) -> None:
+    src = KeyedStateBackend(max_parallelism=8)
+    lst = _states_without_timers(src, False)["list"]
+    storage = CheckpointStorage(tmp_path)
+    src.set_current_key("k")
+    lst.add(1)
+    storage.save(src)
+    lst.add(2)
+    storage.save(src)
+    warm = KeyedStateBackend(max_parallelism=8)
+    storage.restore(warm, 1)
+    assert storage._catch_up(warm, 2)
+    warm.set_current_key("k")
+    assert list(_states_without_timers(warm, False)["list"].get()) == [1, 2]

@@ -392,21 +392,7 @@ class CheckpointStorage:
                 readers[-1].path, "header", f"holds checkpoint {readers[-1].header.get('checkpoint_id')}, not {cid}"
             )
         kc = backend.key_context
-        decoded = []
-        for r in readers:
-            h = r.header
-            _check_header(backend, r)
-            states = h["states"]
-            check_compatible(backend, states, r.path)
-            sers = [column_serializers(meta["kind"], _serializer_for(backend, meta, r.path)) for meta in states]
-            sers += [[PICKLE] * TOMBSTONE_COLUMNS for _ in states]
-            sers += [[PICKLE] * 3 for _ in range(2 * len(h.get("timer_services", [])))]
-            blocks = []
-            for first in sorted(r.blocks):
-                if first <= kc.hi and r.last_of(first) >= kc.lo and first != PENDING_BLOCK:
-                    raw = r.block_bytes(first)
-                    blocks += split_by_key_group(r.sections(first, raw, sers), kc.lo, kc.hi)
-            decoded.append((states, blocks, h.get("type") == "incremental", h.get("timer_services", [])))
+        decoded = _decode(backend, readers)
         last = readers[-1]
         pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []
         fresh = backend.num_entries() == 0
@@ -421,6 +407,42 @@ class CheckpointStorage:
         exact = fresh and manifest.get("key_group_range") == [kc.lo, kc.hi]
         backend._chain = (self._key, cid) if exact else None
         return pending
+
+    def _catch_up(self, backend: KeyedStateBackend, checkpoint_id: int) -> bool:
+        """Bring ``backend``, which holds exactly this storage's checkpoint ``v``
+        (saved or restored here last, and not changed since: the caller's
+        promise, not checked — cowmap.spark's warm backends), to checkpoint
+        ``checkpoint_id`` by applying only the increments between them:
+        O(their changes) instead of a restore's O(entries). Returns False, with
+        nothing changed, when that is not possible: ``backend`` holds something
+        else, ``checkpoint_id`` is not an increment chain that extends ``v``, or
+        timers are involved (an increment's timers replace whole key groups,
+        which a backend holding timers cannot take in place). Damage raises as
+        :meth:`restore` does, before anything changes."""
+        _check_backend(backend)
+        chain = backend._chain
+        if chain is None or chain[0] != self._key or backend.timer_service_names():
+            return False
+        held = chain[1]
+        if held == checkpoint_id:
+            return True
+        try:
+            before = self._store.manifest(held)["files"]
+            manifest = self._store.manifest(checkpoint_id)
+        except FileNotFoundError:
+            return False
+        files = manifest["files"]
+        if held > checkpoint_id or files[: len(before)] != before or len(files) == len(before):
+            return False
+        readers = [self._store.open_data(f["name"], f["size"]) for f in files[len(before) :]]
+        if any(r.header.get("type") != "incremental" or r.header.get("timer_services") for r in readers):
+            return False
+        decoded = _decode(backend, readers)
+        for states, blocks, _, _ in decoded:
+            restore_blocks(backend, states, blocks, True)
+        backend.snapshot(cut=True).release()  # the maps track changes against checkpoint_id from here
+        backend._chain = (self._key, checkpoint_id)
+        return True
 
     # ------------------------------------------------------------ housekeeping
 
@@ -455,6 +477,29 @@ class CheckpointStorage:
 def _check_backend(backend: Any) -> None:
     if not isinstance(backend, KeyedStateBackend):
         raise TypeError(f"expected a KeyedStateBackend, not {type(backend).__name__}")
+
+
+def _decode(backend: KeyedStateBackend, readers: list[DataFileReader]) -> list[tuple[Any, Any, bool, Any]]:
+    """Every block of ``readers`` that ``backend``'s key groups meet, decoded
+    and checked (nothing changes yet): per file ``(states, blocks by key
+    group, incremental, timer services)``."""
+    kc = backend.key_context
+    decoded = []
+    for r in readers:
+        h = r.header
+        _check_header(backend, r)
+        states = h["states"]
+        check_compatible(backend, states, r.path)
+        sers = [column_serializers(meta["kind"], _serializer_for(backend, meta, r.path)) for meta in states]
+        sers += [[PICKLE] * TOMBSTONE_COLUMNS for _ in states]
+        sers += [[PICKLE] * 3 for _ in range(2 * len(h.get("timer_services", [])))]
+        blocks = []
+        for first in sorted(r.blocks):
+            if first <= kc.hi and r.last_of(first) >= kc.lo and first != PENDING_BLOCK:
+                raw = r.block_bytes(first)
+                blocks += split_by_key_group(r.sections(first, raw, sers), kc.lo, kc.hi)
+        decoded.append((states, blocks, h.get("type") == "incremental", h.get("timer_services", [])))
+    return decoded
 
 
 def _check_metadata(metadata: dict[str, Any] | None) -> dict[str, Any] | None:

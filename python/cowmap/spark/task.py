@@ -3,9 +3,11 @@ fire due timers, commit the next version.
 
 A task of micro-batch ``b`` needs version ``b`` of its range. A Python worker
 keeps the backends it committed (:data:`_WARM`, a few, least recently used
-first out) and reuses one when it holds exactly that version; otherwise it
-restores from the checkpoints (workers move between partitions, are stopped
-when idle, and die with failed tasks). Version ``b + 1`` is committed only
+first out) and reuses one when it holds exactly that version, or catches one
+up by applying the increments committed since it (Spark gives a partition to
+whichever worker is idle, so a worker's backend is often a batch behind);
+otherwise it restores from the checkpoints (workers move between partitions,
+are stopped when idle, and die with failed tasks). Version ``b + 1`` is committed only
 after every output row was handed to Spark; any error drops the backend, so a
 retried attempt starts again from version ``b``.
 """
@@ -105,6 +107,20 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int) -> _Warm:
     return warm
 
 
+def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int) -> bool:
+    """Bring a warm backend a version or more behind (its range went to another
+    worker meanwhile) to ``version`` by the increments committed since, when
+    they are increments of what it holds: O(what changed), not a restore."""
+    storage = plan.location.storage(plan.layout, kg_range)
+    if warm.version > version or not storage._catch_up(warm.backend, version):
+        return False
+    meta = storage.manifest(version).get("metadata") or {}
+    warm.version = version
+    warm.watermark = int(meta.get("watermark", NO_WATERMARK))
+    warm.timestamp = int(meta.get("timestamp", 0))
+    return True
+
+
 def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame:
     if not isinstance(out, pd.DataFrame):
         raise TypeError(f"cowmap.spark: {where} must return pandas DataFrames, got {type(out).__name__}")
@@ -200,8 +216,9 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
 
     key = (*plan.warm_key, plan.layout.id, kg_range.start, kg_range.end)
     warm = _WARM.pop(key, None)
-    if warm is None or warm.version != batch_id:
+    if warm is not None and warm.version != batch_id and not _catch_up(plan, warm, kg_range, batch_id):
         warm = None  # (dropped before the restore: one range's state in memory at a time)
+    if warm is None:
         warm = _load(plan, kg_range, batch_id)
     backend = warm.backend
 
