@@ -60,9 +60,11 @@ def descriptors(ttl: bool) -> dict[str, Any]:
     return ds
 
 
-def register(backend: KeyedStateBackend, ttl: bool) -> dict[str, Any]:
+def register(backend: KeyedStateBackend, ttl: bool, timers: bool = True) -> dict[str, Any]:
+    """A state of each kind (with a timer service named "timers" when ``timers``)."""
     ds = descriptors(ttl)
-    backend.get_timer_service("timers", lambda ts, key, ns, domain: None)
+    if timers:
+        backend.get_timer_service("timers", lambda ts, key, ns, domain: None)
     return {
         "value": backend.get_state(ds["value"]),
         "list": backend.get_list_state(ds["list"]),

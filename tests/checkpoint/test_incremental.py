@@ -19,7 +19,7 @@ from test_roundtrip import KEYS, NAMESPACES, VALUES, apply
 from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage, fileformat
 from cowmap.state import KeyedStateBackend, KeyGroupRange, MapStateDescriptor, ValueStateDescriptor
 
-from ckpt_helpers import Clock, contents, descriptors, register
+from ckpt_helpers import Clock, contents, register
 
 OP = st.tuples(
     st.sampled_from(
@@ -439,17 +439,6 @@ def test_a_version_written_again_stays_readable_until_replaced(tmp_path: Path) -
     assert [p.name for p in tmp_path.glob("chk-*.data")] == [storage.manifest(2)["files"][0]["name"]]
 
 
-def _states_without_timers(b: KeyedStateBackend, ttl: bool) -> dict[str, Any]:
-    ds = descriptors(ttl)
-    return {
-        "value": b.get_state(ds["value"]),
-        "list": b.get_list_state(ds["list"]),
-        "map": b.get_map_state(ds["map"]),
-        "reducing": b.get_reducing_state(ds["reducing"]),
-        "aggregating": b.get_aggregating_state(ds["aggregating"]),
-    }
-
-
 NO_TIMER_OP = OP.filter(lambda op: op[0] not in ("timer", "timer_delete", "fire"))
 
 
@@ -462,7 +451,7 @@ def test_a_backend_caught_up_by_increments_equals_a_restore(tmp_path_factory: An
     b gives; where b does not extend a's chain it refuses and changes nothing."""
     clock = Clock()
     src = KeyedStateBackend(max_parallelism=8, time_provider=clock)
-    states = _states_without_timers(src, ttl)
+    states = register(src, ttl, timers=False)
     storage = CheckpointStorage(tmp_path_factory.mktemp("ck"), max_increments=3)
     ids: list[int] = []
     snaps: list = []
@@ -476,7 +465,7 @@ def test_a_backend_caught_up_by_increments_equals_a_restore(tmp_path_factory: An
     for i, a in enumerate(ids):
         for b in ids[i + 1 :]:
             warm = KeyedStateBackend(max_parallelism=8, time_provider=clock)
-            _states_without_timers(warm, ttl)
+            register(warm, ttl, timers=False)
             storage.restore(warm, a)
             held = contents(warm)
             before, after = storage.manifest(a)["files"], storage.manifest(b)["files"]
@@ -508,7 +497,7 @@ def test_catching_up_is_refused_with_timers_or_another_history(tmp_path: Path) -
 
 def test_a_caught_up_list_is_replaced_not_appended_to(tmp_path: Path) -> None:
     src = KeyedStateBackend(max_parallelism=8)
-    lst = _states_without_timers(src, False)["list"]
+    lst = register(src, False, timers=False)["list"]
     storage = CheckpointStorage(tmp_path)
     src.set_current_key("k")
     lst.add(1)
@@ -519,4 +508,4 @@ def test_a_caught_up_list_is_replaced_not_appended_to(tmp_path: Path) -> None:
     storage.restore(warm, 1)
     assert storage._catch_up(warm, 2)
     warm.set_current_key("k")
-    assert list(_states_without_timers(warm, False)["list"].get()) == [1, 2]
+    assert list(register(warm, False, timers=False)["list"].get()) == [1, 2]
