@@ -272,6 +272,8 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
         apply_with_state(df, "user", CountPerKey, COUNTS, checkpoint_location=loc)
     with pytest.raises(ValueError, match="not supported"):
         apply_with_state(df.withColumn("a", F.array("k")), "a", CountPerKey, COUNTS, checkpoint_location=loc)
+    with pytest.raises(ValueError, match="key column 't' is a timestamp"):
+        apply_with_state(df.withColumn("t", F.current_timestamp()), "t", CountPerKey, COUNTS, checkpoint_location=loc)
     with pytest.raises(ValueError, match="retain_versions"):
         apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, retain_versions=1)
     got = _rows(

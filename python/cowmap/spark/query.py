@@ -89,6 +89,13 @@ def apply_with_state(
             raise ValueError(f"unknown key column {k!r}; the DataFrame has {list(fields)}")
     key_types = [fields[k].dataType.simpleString() for k in key_list]
     spark_type_codes(key_types)  # ValueError naming an unsupported key type
+    for k, t in zip(key_list, key_types, strict=True):
+        if t in ("date", "timestamp", "timestamp_ntz"):
+            # (pandas hands them over as datetime objects, not the days or microseconds Spark hashes)
+            raise ValueError(
+                f"key column {k!r} is a {t}: cowmap.spark keys by ints, strings, binary, booleans and floats; "
+                f"key by its number instead (e.g. unix_micros({k}) or unix_date({k}))"
+            )
     if not callable(processor):
         raise TypeError(f"processor must be a class (or callable) making the processor, not {type(processor).__name__}")
     if not callable(getattr(processor, "process", None)) and isinstance(processor, type):
