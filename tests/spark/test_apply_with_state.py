@@ -274,6 +274,15 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
         apply_with_state(df.withColumn("a", F.array("k")), "a", CountPerKey, COUNTS, checkpoint_location=loc)
     with pytest.raises(ValueError, match="key column 't' is a timestamp"):
         apply_with_state(df.withColumn("t", F.current_timestamp()), "t", CountPerKey, COUNTS, checkpoint_location=loc)
+
+    class Local(CountPerKey):  # a processor made in a function: its default name is still a directory name
+        pass
+
+    apply_with_state(df, "k", Local, COUNTS, checkpoint_location=str(tmp_path / "local"))
+    assert (tmp_path / "local" / "test_bad_input_fails_clearly_and_keeps_the_committed_state._locals_.Local").is_dir()
+    for bad in ("../escape", ".."):
+        with pytest.raises(ValueError, match="name must be"):
+            apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, name=bad)
     with pytest.raises(ValueError, match="retain_versions"):
         apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, retain_versions=1)
     got = _rows(

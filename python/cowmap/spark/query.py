@@ -116,9 +116,13 @@ def apply_with_state(
     for internal in (KG_COLUMN, TS_COLUMN):
         if internal in fields:
             raise ValueError(f"the DataFrame has a column named {internal!r}, which cowmap.spark uses itself")
-    operator = name if name is not None else getattr(processor, "__qualname__", type(processor).__name__)
-    if not isinstance(operator, str) or not _OPERATOR_NAME.match(operator):
-        raise ValueError(f"name must be 1-200 letters, digits, '_', '.', '-', got {operator!r}")
+    if name is None:  # the processor's name, made a directory name ("f.<locals>.P" -> "f._locals_.P")
+        qualname = getattr(processor, "__qualname__", None) or type(processor).__name__
+        operator = re.sub(r"[^A-Za-z0-9_.-]", "_", qualname)[:200]
+    else:
+        operator = name
+    if not isinstance(operator, str) or not _OPERATOR_NAME.match(operator) or not operator.strip("."):
+        raise ValueError(f"name must be 1-200 letters, digits, '_', '.', '-' (not only dots), got {operator!r}")
 
     location = Location(checkpoint_location, operator)
     key_hash = "spark-murmur3-42:" + ",".join(t.lower() for t in key_types)
