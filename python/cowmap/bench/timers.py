@@ -95,18 +95,18 @@ class _Cowmap:
         self.sck = b.set_current_key
 
     def register_all(self, keys: Keys, times: Times) -> None:
-        sck, reg = self.sck, self.svc.register_event_time_timer
-        for k, ts in zip(keys, times):
-            sck(k)
-            for t in ts:
-                reg(t)
+        self._each(keys, times, self.svc.register_event_time_timer)
 
     def delete_all(self, keys: Keys, times: Times) -> None:
-        sck, dele = self.sck, self.svc.delete_event_time_timer
+        self._each(keys, times, self.svc.delete_event_time_timer)
+
+    def _each(self, keys: Keys, times: Times, op: Callable[[int], None]) -> None:
+        """``op(t)`` for every timer, its key current (``op`` a local: no extra lookup per timer)."""
+        sck = self.sck
         for k, ts in zip(keys, times):
             sck(k)
             for t in ts:
-                dele(t)
+                op(t)
 
     def __len__(self) -> int:
         return self.svc.num_event_time_timers()
@@ -125,16 +125,16 @@ class _Heapq:
         self.svc = HeapqTimers(_on_timer)
 
     def register_all(self, keys: Keys, times: Times) -> None:
-        reg = self.svc.register
-        for k, ts in zip(keys, times):
-            for t in ts:
-                reg(k, t)
+        self._each(keys, times, self.svc.register)
 
     def delete_all(self, keys: Keys, times: Times) -> None:
-        dele = self.svc.delete
+        self._each(keys, times, self.svc.delete)
+
+    @staticmethod
+    def _each(keys: Keys, times: Times, op: Callable[[Any, int], None]) -> None:
         for k, ts in zip(keys, times):
             for t in ts:
-                dele(k, t)
+                op(k, t)
 
     def __len__(self) -> int:
         return len(self.svc)

@@ -14,7 +14,7 @@ from pyspark.sql.types import DataType, StructType
 from cowmap._keygroups import spark_type_codes
 from cowmap.spark.layout import Location
 from cowmap.spark.task import KG_COLUMN, TS_COLUMN, Plan, run_partition
-from cowmap.state.keygroups import _check_parallelism
+from cowmap.state.keygroups import _check_parallelism, spark_key_hash
 
 __all__ = ["apply_with_state"]
 
@@ -125,8 +125,7 @@ def apply_with_state(
         raise ValueError(f"name must be 1-200 letters, digits, '_', '.', '-' (not only dots), got {operator!r}")
 
     location = Location(checkpoint_location, operator)
-    key_hash = "spark-murmur3-42:" + ",".join(t.lower() for t in key_types)
-    layout = location.use(num_partitions, max_parallelism, key_hash)
+    layout = location.use(num_partitions, max_parallelism, spark_key_hash(key_types))
     plan = Plan(
         location=location,
         layout=layout,

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from cowmap.checkpoint import CheckpointStorage
 from cowmap.spark.context import StateContext
 from cowmap.spark.layout import Layout, Location
 from cowmap.state import NO_WATERMARK, KeyedStateBackend, KeyGroupRange, TimeDomain
@@ -97,9 +98,9 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int) -> _Warm:
     marks, times = [], []
     for storage in plan.location.sources(plan.layout, kg_range, version):
         storage.restore(backend, version)
-        meta = storage.manifest(version).get("metadata") or {}
-        marks.append(int(meta.get("watermark", NO_WATERMARK)))
-        times.append(int(meta.get("timestamp", 0)))
+        mark, at = _times_of(storage, version)
+        marks.append(mark)
+        times.append(at)
     # a range made of several old ones: the slowest old watermark (as Flink takes
     # the minimum over its inputs), the latest time
     warm.watermark = min(marks)
@@ -114,11 +115,15 @@ def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int) ->
     storage = plan.location.storage(plan.layout, kg_range)
     if warm.version > version or not storage._catch_up(warm.backend, version):
         return False
-    meta = storage.manifest(version).get("metadata") or {}
     warm.version = version
-    warm.watermark = int(meta.get("watermark", NO_WATERMARK))
-    warm.timestamp = int(meta.get("timestamp", 0))
+    warm.watermark, warm.timestamp = _times_of(storage, version)
     return True
+
+
+def _times_of(storage: CheckpointStorage, version: int) -> tuple[int, int]:
+    """The watermark and batch time a committed version was saved with."""
+    meta = storage.manifest(version).get("metadata") or {}
+    return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
 
 
 def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame:

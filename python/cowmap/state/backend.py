@@ -18,7 +18,7 @@ from cowmap.state.descriptors import (
     StateDescriptor,
     ValueStateDescriptor,
 )
-from cowmap.state.keygroups import FLINK_KEY_HASH, KeyGroupRange, _check_parallelism
+from cowmap.state.keygroups import FLINK_KEY_HASH, KeyGroupRange, _check_parallelism, spark_key_hash
 from cowmap.state.list_state import ListState, ListTable
 from cowmap.state.map_state import MapState, MapTable
 from cowmap.state.merging_states import AggregatingState, AggregatingTable, ReducingState, ReducingTable
@@ -102,7 +102,7 @@ class KeyedStateBackend:
                 raise TypeError("spark_key_types must be a non-empty sequence of Spark SQL type names")
             codes = spark_type_codes(spark_key_types)
             #: the key-to-key-group function, as checkpoints record it
-            self.key_hash = "spark-murmur3-42:" + ",".join(str(t).lower() for t in spark_key_types)
+            self.key_hash = spark_key_hash(spark_key_types)
         else:
             codes = None
             self.key_hash = FLINK_KEY_HASH

@@ -9,7 +9,7 @@ by moving whole key groups. ``key_hash`` follows Java's ``hashCode`` rules (see
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from cowmap._keygroups import key_group_for, key_groups_for, key_hash, murmur_hash
@@ -25,11 +25,18 @@ __all__ = [
     "key_hash",
     "murmur_hash",
     "operator_index_for_key_group",
+    "spark_key_hash",
 ]
 
 #: the name checkpoints record for this key-to-key-group function (a backend made with
 #: ``spark_key_types`` records Spark's instead)
 FLINK_KEY_HASH = "cowmap-murmur-v1"
+
+def spark_key_hash(spark_key_types: Iterable[str]) -> str:
+    """The name checkpoints record for Spark's key-to-key-group function over key
+    columns of these Spark SQL types (``pmod(hash(columns), max_parallelism)``)."""
+    return "spark-murmur3-42:" + ",".join(str(t).lower() for t in spark_key_types)
+
 
 #: Flink's upper bound for (max) parallelism: 2**15.
 UPPER_BOUND_MAX_PARALLELISM = 1 << 15
