@@ -15,6 +15,9 @@ NO_TIMESTAMP: int
 PLAIN_BATCH: bool
 """True in a build made with the CMake option COWMAP_PLAIN_BATCH=ON, where every batch
 takes the plain path (the keys one after another, no pipeline); same results."""
+CPYTHON_INTERNALS: bool
+"""False in a build made with the CMake option COWMAP_PUBLIC_API_ONLY=ON, where every fast
+path through CPython's own structures takes its public-API fallback; same results."""
 EXPIRED: object
 """What ``get_unexpired`` returns for an expired entry."""
 

@@ -172,7 +172,11 @@ for _name, _off in ((b"_t", SV_T), (b"_kc", SV_KC), (b"_ns", SV_NS)):
 del _name, _off
 
 
-from cpython.weakref cimport PyWeakref_GetObject, PyWeakref_NewRef
+from cpython.weakref cimport PyWeakref_NewRef
+
+
+cdef extern from "weakref_compat.h":
+    object cm_weakref_get(object ref)  # the referent, None once dead
 
 
 @cython.auto_pickle(False)
@@ -194,7 +198,7 @@ cdef class TableCopier:
         self._fn = type(table).copy_state
 
     def __call__(self, state):
-        table = <object>PyWeakref_GetObject(self._ref)
+        table = cm_weakref_get(self._ref)
         if table is None:
             raise RuntimeError("the state this map belongs to is gone: nothing to copy its values with")
         return self._fn(table, state)

@@ -8,6 +8,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 cdef extern from "cowmap_core.h":
     int64_t CM_NO_TS
     bint COWMAP_PLAIN_BATCH
+    bint CM_CPYTHON_INTERNALS  # cpython_internals.h
 
     ctypedef struct cm_table:
         uint32_t capacity

@@ -24,6 +24,11 @@ NO_TIMESTAMP = CM_NO_TS
 # after another, no pipeline, no prefetch hints. Same results either way.
 PLAIN_BATCH = bool(COWMAP_PLAIN_BATCH)
 
+# False in a build made with the CMake option COWMAP_PUBLIC_API_ONLY=ON (or on an
+# interpreter where they cannot be trusted), whose fast paths through CPython's own
+# structures all take their public-API fallbacks (cpython_internals.h). Same results.
+CPYTHON_INTERNALS = bool(CM_CPYTHON_INTERNALS)
+
 
 class _Expired:
     """The marker ``get_unexpired`` returns for an expired entry."""

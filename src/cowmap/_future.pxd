@@ -6,7 +6,9 @@ from cpython.ref cimport PyObject
 cdef extern from "Python.h":
     void PyObject_GC_Track(object o)
     bint PyObject_GC_IsTracked(object o)
-    PyObject *PyWeakref_GetObject(object ref) except NULL  # borrowed; None once dead
+
+cdef extern from "weakref_compat.h":
+    object cm_weakref_get(object ref)  # the referent, None once dead
 
 
 # How a derived future (made by ``then_*``) is completed when the future it
@@ -120,7 +122,7 @@ cdef inline object _controller_of(RecordContext rc):
     """``rc``'s controller, or None."""
     if rc._aec_ref is None:
         return None
-    return <object>PyWeakref_GetObject(rc._aec_ref)
+    return cm_weakref_get(rc._aec_ref)
 
 
 cdef inline int _track(object o) except -1:

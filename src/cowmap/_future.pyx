@@ -15,12 +15,13 @@ from cpython.ref cimport PyObject
 cdef extern from "Python.h":
     int Py_EnterRecursiveCall(const char *where)  # nonzero: RecursionError set
     void Py_LeaveRecursiveCall()
+    int Py_GetRecursionLimit()
     void PyObject_GC_UnTrack(object o)
     bint PyFunction_Check(object o)  # exactly a Python function (a def or lambda)
     PyObject *PyFunction_GET_CLOSURE(object fn)  # borrowed; NULL without free variables
 
 cdef extern from "untracked.h":
-    int cm_untracked_install(object type, int slot) except -1
+    int cm_untracked_install(object type, int slot) except -1  # 1 installed, 0 not in this build
 
 import os
 import weakref
@@ -59,10 +60,15 @@ def gc_hiding():
     return _hide
 
 
+cdef bint _pooled = False  # born untracked (untracked.h); else born tracked, untracked here
+
+
 cdef int _born(object o) except -1:
     """A future or context just made by the controller: hidden unless the switch is off."""
     if not _hide:
         _track(o)
+    elif not _pooled and PyObject_GC_IsTracked(o):
+        PyObject_GC_UnTrack(o)
     return 0
 
 
@@ -561,8 +567,15 @@ cdef class StateFuture:
 
 # (see "GC visibility"; each type's pool is in untracked.h)
 if _hide:
-    cm_untracked_install(StateFuture, 0)
-    cm_untracked_install(RecordContext, 1)
+    _pooled = cm_untracked_install(StateFuture, 0) + cm_untracked_install(RecordContext, 1) == 2
+
+
+cdef extern from *:
+    """
+    /* chain steps nested in C on this thread (see _run_callback) */
+    static _Thread_local int cm_chain_depth = 0;
+    """
+    int _chain_depth "cm_chain_depth"
 
 
 cdef inline int _run_callback(cb, StateFuture src) except -1:
@@ -571,12 +584,20 @@ cdef inline int _run_callback(cb, StateFuture src) except -1:
     if type(cb) is StateFuture:
         # a derived future's step completes it and runs its callbacks in turn:
         # a long chain recurses in C, so count it against the interpreter's
-        # recursion limit (RecursionError, not a C stack overflow)
+        # recursion limit (RecursionError, not a C stack overflow). Since 3.12
+        # Py_EnterRecursiveCall counts against a separate, much higher C limit
+        # (10,000 on 3.13) that a chain's frames overflow an 8 MiB stack before
+        # reaching: the chain's own depth is held to the recursion limit too.
+        global _chain_depth
+        if _chain_depth >= Py_GetRecursionLimit():
+            raise RecursionError("maximum recursion depth exceeded while completing a StateFuture chain")
         if Py_EnterRecursiveCall(" while completing a StateFuture chain"):
             return -1
+        _chain_depth += 1
         try:
             r = (<StateFuture>cb)._step(src)
         finally:
+            _chain_depth -= 1
             Py_LeaveRecursiveCall()
         return r
     cb()

@@ -13,12 +13,12 @@ cimport cython
 
 from cowmap._future cimport (
     ControllerBase,
-    PyWeakref_GetObject,
     RecordContext,
     StateFuture,
     _as_request,
     _rq_ns,
     _rq_op,
+    cm_weakref_get,
 )
 from cowmap._context cimport KeyContext, StateView
 
@@ -52,7 +52,7 @@ cdef ControllerBase _aec_of(state):
         raise RuntimeError(f"{type(state).__name__} view not initialised (made without its __init__)")
     aec = kc.aec
     if aec is not None:
-        aec = <object>PyWeakref_GetObject(aec)
+        aec = cm_weakref_get(aec)
     if aec is None:
         raise RuntimeError(
             f"async calls on state {(<StateView>state)._t.name!r} need an AsyncExecutionController for its backend"

@@ -187,8 +187,9 @@ typedef struct {
  * of a thread-local byte, one instruction on ELF platforms (the initial-exec
  * model needs no call to find it), where PyThread_get_thread_ident costs two
  * calls per operation (a snapshot of 128 key-group maps: ~1 us). Unique among
- * live threads, which is all the check needs. */
-#if defined(__GNUC__) && defined(__ELF__)
+ * live threads, which is all the check needs. glibc only: musl cannot load a
+ * module with initial-exec thread-locals through dlopen. */
+#if defined(__GNUC__) && defined(__ELF__) && defined(__GLIBC__)
 static __thread char cm_tls_anchor __attribute__((tls_model("initial-exec")));
 static inline unsigned long cm_thread_id(void) { return (unsigned long)(uintptr_t)&cm_tls_anchor; }
 #else

@@ -13,9 +13,17 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "cpython_internals.h"
+
+/* CPython 3.11's int: a signed digit count in ob_size, then the digits */
+#define CM_LONG_DIGITS_311 \
+    (CM_CPYTHON_INTERNALS && PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30)
+/* 3.12+: compact ints have an unstable but public inline reader */
+#define CM_LONG_COMPACT_312 (CM_CPYTHON_INTERNALS && PY_VERSION_HEX >= 0x030C0000)
+
 /* 1 with *out set if `o` (a PyLong, or a subclass) was read here, 0 if not. */
 static inline int cm_fast_int(PyObject *o, int64_t *out) {
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+#if CM_LONG_DIGITS_311
     Py_ssize_t size = Py_SIZE(o);
     Py_ssize_t n = size < 0 ? -size : size;
     const digit *d = ((PyLongObject *)o)->ob_digit;
@@ -31,6 +39,10 @@ static inline int cm_fast_int(PyObject *o, int64_t *out) {
     else
         return 0;
     *out = size < 0 ? -(int64_t)u : (int64_t)u;
+    return 1;
+#elif CM_LONG_COMPACT_312
+    if (!PyUnstable_Long_IsCompact((PyLongObject *)o)) return 0;
+    *out = (int64_t)PyUnstable_Long_CompactValue((PyLongObject *)o);
     return 1;
 #else
     (void)o; (void)out;
@@ -53,9 +65,10 @@ static inline int64_t cm_as_int64(PyObject *o, int *overflow) {
  * written over numbers of the same size allocates nothing and frees nothing.
  * 1 done, 0 not (another size or type, another holder, another layout): the
  * caller then makes a new object. Ints: CPython 3.11's digit array, the same
- * digit count and n <= 3 (values below 2**63 in magnitude). */
+ * digit count and n <= 3 (values below 2**63 in magnitude); other versions
+ * make a new int. */
 static inline int cm_int_rewrite(PyObject *o, int64_t v) {
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+#if CM_LONG_DIGITS_311
     if (Py_REFCNT(o) != 1 || !PyLong_CheckExact(o) || v == INT64_MIN) return 0;
     uint64_t u = v < 0 ? (uint64_t)(-v) : (uint64_t)v;
     Py_ssize_t n = u == 0 ? 0 : u < ((uint64_t)1 << 30) ? 1 : u < ((uint64_t)1 << 60) ? 2 : 3;
@@ -74,9 +87,14 @@ static inline int cm_int_rewrite(PyObject *o, int64_t v) {
 }
 
 static inline int cm_float_rewrite(PyObject *o, double v) {
+#if CM_CPYTHON_INTERNALS
     if (Py_REFCNT(o) != 1 || !PyFloat_CheckExact(o)) return 0;
-    ((PyFloatObject *)o)->ob_fval = v;
+    ((PyFloatObject *)o)->ob_fval = v; /* the same field on 3.10 to 3.13 */
     return 1;
+#else
+    (void)o; (void)v;
+    return 0;
+#endif
 }
 
 #endif

@@ -14,12 +14,24 @@
  *
  * Only exact instances of an installed type come here: a Python subclass gets
  * CPython's own tp_alloc/tp_free when it is created.
+ *
+ * Swapping the allocation slots of a ready type is outside the public C API:
+ * it is done only where CM_CPYTHON_INTERNALS holds (cpython_internals.h), on
+ * the versions it was checked on (3.10 to 3.13). Elsewhere
+ * cm_untracked_install installs nothing and says so, and the controller
+ * untracks each object it makes instead (_future.pyx, _born).
  */
 #ifndef COWMAP_UNTRACKED_H
 #define COWMAP_UNTRACKED_H
 
 #include <Python.h>
 #include <string.h>
+
+#include "cpython_internals.h"
+
+#define CM_UNTRACKED_POOLS (CM_CPYTHON_INTERNALS && PY_VERSION_HEX < 0x030E0000)
+
+#if CM_UNTRACKED_POOLS
 
 #define CM_POOL_MAX 4096
 #define CM_POOLS 2
@@ -40,7 +52,7 @@ static inline PyObject *cm_pool_alloc(cm_pool *p, PyTypeObject *tp) {
         memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
         return PyObject_Init(o, tp); /* type and a reference count of 1 */
     }
-    o = (PyObject *)_PyObject_GC_New(tp); /* initialised, not tracked */
+    o = PyObject_GC_New(PyObject, tp); /* initialised, not tracked */
     if (o != NULL)
         memset((char *)o + sizeof(PyObject), 0, (size_t)tp->tp_basicsize - sizeof(PyObject));
     return o;
@@ -72,9 +84,15 @@ static inline void cm_pool_free(cm_pool *p, void *op) {
 CM_POOL_FUNCS(0)
 CM_POOL_FUNCS(1)
 
+#endif /* CM_UNTRACKED_POOLS */
+
 /* Make the GC type ``type`` (fixed-size, no tp_finalize, not yet instantiated)
- * allocate through pool ``slot``. */
+ * allocate through pool ``slot``: 1 done, 0 not in this build, -1 error. */
 static int cm_untracked_install(PyObject *type, int slot) {
+#if !CM_UNTRACKED_POOLS
+    (void)type; (void)slot;
+    return 0;
+#else
     static allocfunc allocs[CM_POOLS] = {cm_alloc_0, cm_alloc_1};
     static freefunc frees[CM_POOLS] = {cm_free_0, cm_free_1};
     static newfunc news[CM_POOLS] = {cm_new_0, cm_new_1};
@@ -89,7 +107,8 @@ static int cm_untracked_install(PyObject *type, int slot) {
     tp->tp_new = news[slot];
     tp->tp_alloc = allocs[slot];
     tp->tp_free = frees[slot];
-    return 0;
+    return 1;
+#endif
 }
 
 #endif

@@ -1,15 +1,17 @@
-"""The child process of ``test_plain_batch_build.py``; not a test module itself.
+"""The child process of the tests on other builds of the extension modules
+(``test_plain_batch_build.py``, ``test_public_api_build.py``); not a test module itself.
 
-    python plain_batch_child.py ROOT|- plain|normal pytest ARGS...
-    python plain_batch_child.py ROOT|- plain|normal trace OUT
+    python variant_child.py ROOT|- BUILD pytest ARGS...
+    python variant_child.py ROOT|- BUILD trace OUT
 
 With ROOT, cowmap and all its submodules are imported from the package directory ROOT/cowmap
 and nowhere else: a finder placed first on ``sys.meta_path`` resolves them there, ahead of
 an editable install's finder (which would load the normal build whatever ``sys.path``
 says) and of site-packages. With ``-``, cowmap is imported as installed. The child checks
-which build it got (``cowmap._core.PLAIN_BATCH`` must be True for ``plain``, False for
-``normal``) and that every cowmap module it loaded came from ROOT, then runs pytest with
-ARGS, or writes the lines of ``batch_trace.trace()`` to OUT.
+which build it got (BUILD: ``plain``, ``cowmap._core.PLAIN_BATCH`` True; ``public``,
+``cowmap._core.CPYTHON_INTERNALS`` False; ``normal``, neither) and that every cowmap module
+it loaded came from ROOT, then runs pytest with ARGS, or writes the lines of
+``batch_trace.trace()`` to OUT.
 """
 
 from __future__ import annotations
@@ -51,8 +53,10 @@ def main(argv: list[str]) -> int:
     import cowmap
     import cowmap._core
 
-    print(f"cowmap._core from {cowmap._core.__file__}, PLAIN_BATCH={cowmap._core.PLAIN_BATCH}", flush=True)
-    if cowmap._core.PLAIN_BATCH is not (build == "plain"):
+    core = cowmap._core
+    print(f"cowmap._core from {core.__file__}, PLAIN_BATCH={core.PLAIN_BATCH}, "
+          f"CPYTHON_INTERNALS={core.CPYTHON_INTERNALS}", flush=True)
+    if core.PLAIN_BATCH is not (build == "plain") or core.CPYTHON_INTERNALS is (build == "public"):
         print(f"expected the {build} build", flush=True)
         return 3
     if mode == "pytest":
