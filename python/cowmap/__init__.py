@@ -4,6 +4,9 @@ Modelled on Apache Flink's heap keyed-state backend. The public API is
 re-exported here; everything else is private.
 """
 
+from cowmap import _interpreter  # noqa: F401  (refuses a free-threaded interpreter)
+from cowmap._version import __version__ as __version__
+
 try:
     from cowmap._core import (
         NO_TIMESTAMP,
@@ -91,4 +94,3 @@ __all__ = [
     "key_group_range_for_operator",
     "operator_index_for_key_group",
 ]
-__version__ = "0.1.0"
