@@ -1,4 +1,4 @@
-"""Durable checkpoints of keyed state, on any ``pyarrow.fs`` filesystem.
+"""Durable checkpoints of keyed state, on the local disk or any ``pyarrow.fs`` filesystem.
 
     >>> import tempfile
     >>> from cowmap.checkpoint import CheckpointStorage

@@ -6,9 +6,7 @@ import json
 import os
 import threading
 from concurrent.futures import Future
-from typing import Any
-
-import pyarrow.fs as pafs
+from typing import TYPE_CHECKING, Any
 
 from cowmap.checkpoint.columns import PICKLE, Serializer, serializer_name
 from cowmap.checkpoint.errors import CorruptCheckpointError
@@ -31,6 +29,9 @@ from cowmap.checkpoint.states import (
 from cowmap.checkpoint.storage import Store, data_id, data_name, manifest_name
 from cowmap.state.backend import KeyedStateBackend
 from cowmap.state.snapshot import KeyedStateSnapshot
+
+if TYPE_CHECKING:
+    import pyarrow.fs as pafs
 
 __all__ = ["CheckpointStorage", "SaveHandle"]
 
@@ -64,12 +65,14 @@ class SaveHandle:
 
 
 class CheckpointStorage:
-    """Numbered checkpoints of keyed state backends in one directory of any
-    ``pyarrow.fs`` filesystem.
+    """Numbered checkpoints of keyed state backends in one directory, on the
+    local disk or on any ``pyarrow.fs`` filesystem.
 
-    ``uri``: a local path (the default filesystem) or a URI pyarrow knows
-    (``s3://bucket/path``, ``hdfs://...``, ``gs://...``, ``file:///...``);
-    or pass ``filesystem=`` and a path on it.
+    ``uri``: a local path or ``file:///...`` URI (the local disk, nothing else
+    needed), or a URI pyarrow knows (``s3://bucket/path``, ``hdfs://...``,
+    ``gs://...``); or pass ``filesystem=`` (a ``pyarrow.fs.FileSystem``) and a
+    path on it. pyarrow's filesystems need the ``arrow`` extra
+    (``pip install "cowmap[arrow]"``).
 
     A checkpoint is committed atomically: it exists (in :meth:`checkpoints`)
     only once every byte of it is written, so a process killed mid-save leaves
@@ -93,7 +96,7 @@ class CheckpointStorage:
         #: increments chained to a full checkpoint before the next save is full again
         self.max_increments = max_increments
         # what backends remember their last checkpoint here by
-        self._key = f"{type(self._store.fs).__name__}:{self._store.path}"
+        self._key = f"{self._store.files.kind}:{self._store.path}"
 
     # ------------------------------------------------------------ listing
 

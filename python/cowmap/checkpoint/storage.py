@@ -26,10 +26,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-import pyarrow.fs as pafs
-
 from cowmap.checkpoint.errors import CorruptCheckpointError
 from cowmap.checkpoint.fileformat import FORMAT_VERSION, DataFileReader, checksum
+from cowmap.checkpoint.files import ArrowFiles, LocalFiles, open_files
 
 __all__ = ["Store"]
 
@@ -57,33 +56,25 @@ def manifest_name(cid: int) -> str:
 
 
 class Store:
-    """The files of one checkpoint directory on a ``pyarrow.fs`` filesystem."""
+    """The files of one checkpoint directory (see :mod:`cowmap.checkpoint.files`)."""
 
-    def __init__(self, uri: str | os.PathLike[str], filesystem: pafs.FileSystem | None = None) -> None:
-        if filesystem is not None:
-            fs, path = filesystem, os.fspath(uri)
-        else:
-            uri = os.fspath(uri)
-            if "://" in uri:
-                fs, path = pafs.FileSystem.from_uri(uri)
-            else:
-                fs, path = pafs.LocalFileSystem(), os.path.abspath(uri)
-        self.fs: pafs.FileSystem = fs
+    def __init__(self, uri: str | os.PathLike[str], filesystem: Any = None) -> None:
+        files, path = open_files(uri, filesystem)
+        self.files: LocalFiles | ArrowFiles = files
         self.path: str = path.rstrip("/") or "/"
-        self.local = isinstance(fs, pafs.LocalFileSystem)
+        self.local = files.local
         #: held while a checkpoint is written or files are deleted: one at a time
         self.lock = threading.Lock()
         self.id_lock = threading.Lock()
         self.writer: int | None = None  # the thread holding `lock` to write, if any
         self.last_reserved = 0
-        fs.create_dir(self.path, recursive=True)
+        files.create_dir(self.path)
 
     def join(self, name: str) -> str:
         return f"{self.path}/{name}"
 
     def names(self) -> list[str]:
-        infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
-        return [i.base_name for i in infos if i.type == pafs.FileType.File]
+        return [name for name, _ in self.files.list_files(self.path)]
 
     def committed(self) -> list[int]:
         return sorted(int(m.group(1)) for n in self.names() if (m := _MANIFEST.match(n)))
@@ -104,20 +95,20 @@ class Store:
         """An output stream whose bytes appear under ``name`` only when the block
         ends without an error (written to a temporary name, closed, synced, renamed)."""
         tmp = self.join(f"{TMP_PREFIX}{uuid.uuid4().hex}-{name}")
-        out = self.fs.open_output_stream(tmp, buffer_size=1 << 20)
+        out = self.files.open_output_stream(tmp)
         try:
             yield out
             out.close()
             if self.local:
                 _fsync(tmp)
-            self.fs.move(tmp, self.join(name))
+            self.files.move(tmp, self.join(name))
             if self.local:
                 _fsync(self.path)
         except BaseException:
             if not out.closed:
                 out.close()
             with suppress(OSError):
-                self.fs.delete_file(tmp)
+                self.files.delete_file(tmp)
             raise
 
     def write_manifest(self, cid: int, manifest: dict[str, Any]) -> None:
@@ -133,7 +124,7 @@ class Store:
         name = manifest_name(cid)
         path = self.join(name)
         try:
-            with self.fs.open_input_stream(path) as f:
+            with self.files.open_input_stream(path) as f:
                 raw = f.read()
         except FileNotFoundError:
             raise FileNotFoundError(f"no committed checkpoint {cid} in {self.path!r}") from None
@@ -154,7 +145,7 @@ class Store:
         """A checked reader of data file ``name``, which the manifest says has ``size`` bytes."""
         path = self.join(name)
         try:
-            f = self.fs.open_input_file(path)
+            f = self.files.open_input_file(path)
         except FileNotFoundError:
             raise CorruptCheckpointError(path, "file", "missing (a committed checkpoint names it)") from None
         if f.size() != size:
@@ -166,16 +157,15 @@ class Store:
     def delete(self, names: list[str]) -> None:
         for n in names:
             with suppress(FileNotFoundError):
-                self.fs.delete_file(self.join(n))
+                self.files.delete_file(self.join(n))
 
     def stale_temporaries(self, older_than_s: float) -> list[str]:
         """Temporary files not changed for ``older_than_s`` seconds (a killed writer's)."""
-        infos = self.fs.get_file_info(pafs.FileSelector(self.path, recursive=False))
         cutoff = time.time() - older_than_s
         return [
-            i.base_name
-            for i in infos
-            if i.base_name.startswith(TMP_PREFIX) and (i.mtime is None or i.mtime.timestamp() < cutoff)
+            name
+            for name, mtime in self.files.list_files(self.path)
+            if name.startswith(TMP_PREFIX) and (mtime is None or mtime < cutoff)
         ]
 
 

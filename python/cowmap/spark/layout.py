@@ -77,7 +77,7 @@ class Location:
         out = []
         for name in sorted(store.names()):
             if _LAYOUT.match(name):
-                with store.fs.open_input_stream(store.join(name)) as f:
+                with store.files.open_input_stream(store.join(name)) as f:
                     try:
                         doc = json.loads(f.read())
                         out.append(Layout(**doc))
