@@ -207,3 +207,37 @@ def test_heapq_alternative_has_the_same_semantics() -> None:
     assert h.advance_watermark(2) == 2 and h.advance_watermark(1) == 0
     assert h.advance_watermark(5) == 1
     assert fired == [(1, "b"), (2, "c"), (3, "a")]
+
+
+# ------------------------------------------------- --out and --plot of every scenario
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["core", "--n", "2000", "--repeats", "1"],
+        ["snapshot", "--sizes", "2000,4000"],
+        ["timers", "--timer-keys", "300", "--timers-per-key", "3", "--repeats", "1"],
+        ["checkpoint", "--entries", "20000", "--map-entries", "1000", "--repeats", "1"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_scenarios_write_json_and_a_plot(argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("matplotlib")
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    where = ["--dir", str(tmp_path)] if argv[0] == "checkpoint" else []
+    assert main([*argv, *where, "--out", str(out), "--plot", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert f"wrote {out}" in text and f"wrote {png}" in text
+    assert json.loads(out.read_text())["scenario"] == argv[0]
+    assert png.read_bytes()[:8] == PNG
+
+
+def test_plot_without_matplotlib_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(report, "pyplot", lambda: None)
+    png = tmp_path / "r.png"
+    assert main(["core", "--n", "1000", "--repeats", "1", "--plot", str(png)]) == 0
+    assert "matplotlib is not installed" in capsys.readouterr().err and not png.exists()

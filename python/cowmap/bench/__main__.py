@@ -55,6 +55,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="what to measure (default: ttl; core = map get/put/snapshot vs dict; "
                         "snapshot = snapshot start/write vs state size; columnar = batch calls vs "
                         "loop vs pandas)")
+    p.add_argument("--out", metavar="results.json", help="write the results as JSON (every scenario)")
+    p.add_argument("--plot", metavar="file.png", help="write a PNG plot (every scenario; needs matplotlib)")
     g = p.add_argument_group("ttl scenario")
     g.add_argument("--groups", type=int, default=None,
                    help=f"groups (default {d.groups}; --full: 1,000); total state = groups x users-per-group")
@@ -75,12 +77,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="time at most ~this per round and config: slower configs time a prefix of the records")
     g.add_argument("--full", action="store_true",
                    help="the seed's size: 1,000 groups x 10,000 users (10M entries per state: up to ~4 GB "
-                        "RAM per state, states of a batch at once, and a long while -- see the README)")
+                        "RAM per state, states of a batch at once, and a long while -- see docs/benchmarks/ttl.md)")
     g.add_argument("--with-flink", action="store_true",
                    help="also run Flink 2.3's heap backend on the same workload (needs Java 17+ and "
                         "apache-flink-libraries==2.3.0); columnar: its ValueState per record vs value_ttl")
-    g.add_argument("--out", metavar="results.json", help="write the results as JSON")
-    g.add_argument("--plot", metavar="file.png", help="write a PNG plot (needs matplotlib)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     c = p.add_argument_group("core and snapshot scenarios")
     c.add_argument("--n", type=int, default=None, help="core: number of keys (default 1,000,000)")
@@ -176,18 +176,42 @@ def _main_columnar(parser: argparse.ArgumentParser, args: argparse.Namespace, re
     return 0 if all(r["state_ok"] for r in res) else 1
 
 
+#: the extra that brings each optional module a scenario may need
+_EXTRA_OF = {"pandas": "bench", "psutil": "bench", "cachetools": "bench", "matplotlib": "plot", "pyspark": "spark",
+             "pyarrow": "arrow"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the scenario ``argv`` asks for; 2 with how to install what it needs if that is missing."""
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except ModuleNotFoundError as e:
+        top = (e.name or "").partition(".")[0]
+        if top not in _EXTRA_OF:
+            raise
+        print(f"the {args.scenario} benchmark needs {top}: pip install \"cowmap[{_EXTRA_OF[top]}]\"", file=sys.stderr)
+        return 2
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if (args.n is not None and args.n < 1) or (args.repeats is not None and args.repeats < 1):
         parser.error("--n and --repeats must be >= 1")
     repeats = args.repeats if args.repeats is not None else 5
     if args.scenario == "core":
-        from cowmap.bench.core import print_rows, run_core
+        from cowmap.bench import report
+        from cowmap.bench.core import plot_core, print_rows, run_core, to_json
 
         n = args.n if args.n is not None else 1_000_000
         print(f"cowmap core benchmark: {n:,} random int64 keys, median of {repeats} runs")
-        print_rows(run_core(n, repeats))
+        rows = run_core(n, repeats)
+        print_rows(rows)
+        if args.out:
+            report.write_json(args.out, to_json(rows, n, repeats))
+            print(f"wrote {args.out}")
+        if args.plot:
+            _plotted(plot_core(rows, args.plot, n), args.plot)
         return 0
     if args.scenario == "columnar":
         return _main_columnar(parser, args, repeats)
@@ -201,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             report.write_json(args.out, {"scenario": "checkpoint", "format": 1, "result": res})
             print(f"wrote {args.out}")
+        if args.plot:
+            _plotted(checkpoint.plot(res, args.plot), args.plot)
         return 0
     if args.scenario == "spark":
         return _main_spark(parser, args)
@@ -214,14 +240,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             report.write_json(args.out, {"scenario": "timers", "format": 1, "result": res})
             print(f"wrote {args.out}")
+        if args.plot:
+            _plotted(timers.plot(res, args.plot), args.plot)
         return 0
     if args.n is not None:
         parser.error("--n is for the core scenario (ttl: --records, --groups, --users-per-group)")
     if args.scenario == "snapshot":
-        from cowmap.bench.snapshot import print_snapshot, run_snapshot
+        from cowmap.bench import report
+        from cowmap.bench.snapshot import plot_snapshot, print_snapshot, run_snapshot
 
         print(f"cowmap snapshot benchmark: ValueState with TTL, sizes {', '.join(f'{s:,}' for s in args.sizes)}")
-        print_snapshot(run_snapshot(list(args.sizes)))
+        sizes = run_snapshot(list(args.sizes))
+        print_snapshot(sizes)
+        if args.out:
+            report.write_json(args.out, {"scenario": "snapshot", "format": 1, "rows": sizes})
+            print(f"wrote {args.out}")
+        if args.plot:
+            _plotted(plot_snapshot(sizes, args.plot), args.plot)
         return 0
     return _main_ttl(parser, args, repeats)
 
@@ -313,6 +348,11 @@ def _main_ttl(parser: argparse.ArgumentParser, args: argparse.Namespace, repeats
         why = report.plot(rows, args.plot, _title(st, any(r["system"] == "flink" for r in rows)))
         print(why if why else f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
     return 1 if lost or (errors and not rows) else 0
+
+
+def _plotted(why: str | None, path: str) -> None:
+    """Report a scenario's ``--plot``: the file written, or why not (on stderr)."""
+    print(why if why else f"wrote {path}", file=sys.stderr if why else sys.stdout)
 
 
 def _title(st: object, with_flink: bool) -> str:

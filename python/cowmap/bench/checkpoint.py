@@ -314,3 +314,50 @@ def report(res: dict[str, Any]) -> list[str]:
         f"({met(res['async_max_stall_ms'] <= TARGETS['async_max_stall_ms'])})",
     ]
     return lines
+
+
+def plot(res: dict[str, Any], path: str) -> str | None:
+    """Three panels: save and restore against pickle of a dict, the incremental save against the
+    full one, and records/s while ``save_async`` writes; None, or why not."""
+    from cowmap.bench.report import NO_MATPLOTLIB, pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), gridspec_kw={"width_ratios": [2, 1, 1]})
+    ax = axes[0]
+    sides = [("cowmap, whole backend", "save_s", "restore_s", "tab:blue"),
+             ("cowmap, ValueState alone", "value_save_s", "value_restore_s", "tab:cyan"),
+             ("pickle of a dict (ValueState's data)", "pickle_dump_s", "pickle_load_s", "tab:gray")]
+    for j, (label, save, restore, color) in enumerate(sides):
+        xs = [j * 0.27 - 0.27, 1 + j * 0.27 - 0.27]
+        vals = [res[save], res[restore]]
+        ax.bar(xs, vals, width=0.27, label=label, color=color)
+        for x, v in zip(xs, vals):
+            ax.annotate(f"{v:.2f}", (x, v), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=8)
+    ax.set_xticks([0, 1], ["save (pickle: dump)", "restore (pickle: load)"])
+    ax.set_ylabel("seconds (median)")
+    ax.set_title(f"{res['entries']:,} ValueState + {res['map_entries']:,} MapState entries", fontsize=9)
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    vals = [res["save_s"] * 1000, res["incremental_s"] * 1000]
+    ax.bar([0, 1], vals, color=["tab:blue", "tab:green"])
+    for x, v in enumerate(vals):
+        ax.annotate(f"{v:,.0f} ms", (x, v), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=8)
+    ax.set_xticks([0, 1], ["full save", "incremental,\n1% changed"])
+    ax.set_ylabel("ms (median)")
+    ax.set_title(f"incremental: {res['incremental_time_ratio']:.1%} of the time, "
+                 f"{res['incremental_bytes_ratio']:.1%} of the bytes", fontsize=9)
+    ax = axes[2]
+    vals = [res["base_rate"], res["async_rate"]]
+    ax.bar([0, 1], vals, color=["tab:gray", "tab:blue"])
+    for x, v in enumerate(vals):
+        ax.annotate(f"{v:,.0f}", (x, v), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=8)
+    ax.set_xticks([0, 1], ["no checkpoint", "save_async\nwriting"])
+    ax.set_ylabel("records/s (read-modify-write)")
+    ax.yaxis.set_major_formatter(lambda v, _: f"{v:,.0f}")
+    ax.set_title(f"longest stall {res['async_max_stall_ms']:.1f} ms", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None

@@ -85,6 +85,43 @@ def run_core(n: int = 1_000_000, repeats: int = 5, seed: int = 42) -> list[tuple
     return rows
 
 
+def to_json(rows: list[tuple[str, float, float, str]], n: int, repeats: int) -> dict:
+    """The ``--out`` document: one entry per row, as printed."""
+    return {"scenario": "core", "format": 1, "keys": n, "repeats": repeats,
+            "rows": [{"figure": name, "cowmap": round(ours, 1), "other": None if other != other else round(other, 1),
+                      "other_is": what} for name, ours, other, what in rows]}
+
+
+def plot_core(rows: list[tuple[str, float, float, str]], path: str, n: int) -> str | None:
+    """Bars of cowmap against its alternative per figure (the rows with one); None, or why not."""
+    from cowmap.bench.report import NO_MATPLOTLIB, pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    pairs = [r for r in rows if r[2] == r[2]]
+    labels = [f"{name.split(' (')[0]}\nvs {what}" for name, _, _, what in pairs]
+    y = np.arange(len(pairs))
+    fig, ax = plt.subplots(figsize=(8, 0.8 * len(pairs) + 1.6))
+    ax.barh(y - 0.2, [r[1] for r in pairs], height=0.4, label="cowmap", color="tab:blue")
+    ax.barh(y + 0.2, [r[2] for r in pairs], height=0.4, label="the alternative", color="tab:gray")
+    for i, (_, ours, other, _) in enumerate(pairs):
+        ax.annotate(f"{ours:.0f}", (ours, i - 0.2), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(f"{other:.0f}", (other, i + 0.2), xytext=(3, 0), textcoords="offset points", va="center",
+                    fontsize=8)
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ns per operation (median)")
+    snap = next((r[1] for r in rows if r[0].startswith("snapshot")), None)
+    title = f"{n:,} random int64 keys" + (f"; snapshot() of them: {snap:,.0f} us" if snap is not None else "")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
+
+
 def print_rows(rows: list[tuple[str, float, float, str]]) -> None:
     print(f"{'figure':28} {'cowmap':>10} {'other':>10} {'ratio':>7}  other is")
     for name, ours, other, what in rows:

@@ -105,7 +105,7 @@ def _find(rows: list[dict], system: str, layout: str, ttl: str, e: int) -> dict 
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    """The state-layout benchmark's targets (README, 'Choosing a state layout'; default cleanup, same run), each
+    """The state-layout benchmark's targets (docs/benchmarks/ttl.md; default cleanup, same run), each
     with its figures and verdict (``met`` is None when the run did not measure what it needs)."""
     es = sorted({r["entries_per_key"] for r in rows if r["system"] == "cowmap"})
     out = []
@@ -173,15 +173,27 @@ def write_json(path: str | Path, doc: dict) -> None:
     Path(path).write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def plot(rows: list[dict], path: str | Path, title: str = "") -> str | None:
-    """Writes the PNG; returns None, or why it could not (matplotlib missing)."""
+#: what a scenario's ``--plot`` says when it cannot draw
+NO_MATPLOTLIB = "matplotlib is not installed (pip install 'cowmap[plot]' or matplotlib): no plot written"
+
+
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files, no display), or None without matplotlib."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed (pip install 'cowmap[plot]' or matplotlib): no plot written"
+        return None
+    return plt
+
+
+def plot(rows: list[dict], path: str | Path, title: str = "") -> str | None:
+    """Writes the PNG; returns None, or why it could not (matplotlib missing)."""
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     modes = [m for m in TTL_ORDER if any(r["ttl"] == m for r in rows)]
     width = max(5.2 * len(modes), 6.5)
     fig, axes = plt.subplots(1, len(modes), figsize=(width, 4.8), sharey=True, squeeze=False)

@@ -122,3 +122,35 @@ def print_snapshot(rows: list[dict]) -> None:
         print(f"{r['entries']:>11,} {r['snapshot_start_us']:>11,.1f} {r['write_s']:>10.3f} "
               f"{r['write_concurrent_s']:>21.3f} {r['written_mib']:>8.1f} {r['update_ns_plain']:>14,.0f} "
               f"{r['update_ns_snapshot_live']:>14,.0f} {ratio:>6.2f}")
+
+
+def plot_snapshot(rows: list[dict], path: str) -> str | None:
+    """Three panels against the state size: snapshot start, the write (alone and with updates
+    running), and the updates' ns/record with and without a live snapshot; None, or why not."""
+    from cowmap.bench.report import NO_MATPLOTLIB, pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    n = [r["entries"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8))
+    axes[0].plot(n, [r["snapshot_start_us"] for r in rows], "o-", color="tab:blue")
+    axes[0].set_ylabel("snapshot() start (us, median)")
+    axes[1].plot(n, [r["write_s"] for r in rows], "o-", label="written alone")
+    axes[1].plot(n, [r["write_concurrent_s"] for r in rows], "s--", label="written while updates run")
+    axes[1].set_ylabel("snapshot written out (s)")
+    axes[1].set_yscale("log")
+    axes[1].legend(fontsize=8)
+    axes[2].plot(n, [r["update_ns_plain"] for r in rows], "o-", label="no snapshot live")
+    axes[2].plot(n, [r["update_ns_snapshot_live"] for r in rows], "s--", label="right after snapshot(), held")
+    axes[2].set_ylabel("update ns/record")
+    axes[2].set_ylim(bottom=0)
+    axes[2].legend(fontsize=8)
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("entries (TTL ValueState)")
+        ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None

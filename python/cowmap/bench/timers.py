@@ -223,3 +223,35 @@ def report(res: dict[str, Any]) -> list[str]:
             f"{'met' if ok_target else 'NOT met'}); heapq + dict {h[f]:7.0f} {unit} -> {h[f] / c[f]:.2f}x "
             f"({'met' if ok_vs else 'NOT met'})")
     return lines
+
+
+def plot(res: dict[str, Any], path: str) -> str | None:
+    """ns per timer for register, delete and fire, and bytes per timer, cowmap against
+    ``heapq`` + dict (medians, cowmap's min-max as bars); None, or why not."""
+    from cowmap.bench.report import NO_MATPLOTLIB, pyplot
+
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
+    c, h, cs = res["median"]["cowmap"], res["median"]["heapq"], res["spread"]["cowmap"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 1]})
+    for ax, figures, unit in ((axes[0], ("register_ns", "delete_ns", "fire_ns"), "ns per timer (median)"),
+                              (axes[1], ("bytes_per_timer",), "bytes per timer")):
+        xs = list(range(len(figures)))
+        err = [[c[f] - cs[f][0] for f in figures], [cs[f][1] - c[f] for f in figures]]
+        ax.bar([x - 0.2 for x in xs], [c[f] for f in figures], width=0.4, yerr=err, capsize=3,
+               label="cowmap TimerService", color="tab:blue")
+        ax.bar([x + 0.2 for x in xs], [h[f] for f in figures], width=0.4, label="heapq + dict", color="tab:gray")
+        for x, f in zip(xs, figures):  # each label above its bar (and cowmap's above its min-max bar)
+            for off, v, top in ((-0.2, c[f], cs[f][1]), (0.2, h[f], h[f])):
+                ax.annotate(f"{v:,.0f}", (x + off, max(v, top)), xytext=(0, 2), textcoords="offset points",
+                            ha="center", fontsize=8)
+        ax.set_xticks(xs, [f.split("_")[0] if f != "bytes_per_timer" else "memory" for f in figures])
+        ax.set_ylabel(unit)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{res['timers']:,} event-time timers over {res['keys']:,} keys, median of {res['repeats']} rounds",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return None
