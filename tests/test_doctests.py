@@ -2,7 +2,8 @@
 Python modules under ``cowmap`` and the compiled ones (``cowmap._core`` and the async layer's),
 whose class and function docstrings are found through the imported modules.
 
-The README's examples are python blocks, not doctests; ``tests/test_package.py`` runs them.
+The examples of the README and of the docs' pages are python blocks, not doctests;
+``tests/test_package.py`` runs them.
 """
 
 from __future__ import annotations

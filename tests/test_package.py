@@ -1,5 +1,5 @@
-"""The package imports, exports its public API (docs/architecture.md#conventions), and the README examples run:
-every python block of README.md and docs/*.md."""
+"""The package imports, exports its public API (docs/architecture.md#conventions), and the examples run:
+every python block of README.md and of the docs' pages (docs/**/*.md)."""
 
 import copy
 import re
@@ -20,15 +20,24 @@ def test_public_api_is_exported():
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The README example each test below runs: the first python block that mentions the marker.
-CORE_EXAMPLE = "CopyOnWriteStateMap"
-KEYED_STATE_EXAMPLE = "KeyedStateBackend(max_parallelism"
-ASYNC_EXAMPLE = "AsyncExecutionController"
-COLUMNAR_EXAMPLE = "add_many(batch"
-CHECKPOINT_EXAMPLE = "CheckpointStorage("
-TIMERS_EXAMPLE = "get_timer_service("
-#: run by tests/spark/test_examples.py, on the Spark tests' session
+#: Where each example the tests below run lives: (markdown file, a marker only its python block has).
+QUICK_START = ("README.md", "for user in [")
+MAP_EXAMPLE = ("docs/guide/map.md", "CopyOnWriteStateMap(")
+KEYED_STATE_EXAMPLE = ("docs/guide/keyed-state.md", "KeyedStateBackend(max_parallelism=128, time_provider")
+RESCALE_EXAMPLE = ("docs/guide/keyed-state.md", "key_group_range_for_operator(")
+TTL_EXAMPLE = ("docs/guide/ttl.md", "ReturnExpiredIfNotCleanedUp")
+COLUMNAR_EXAMPLE = ("docs/guide/columnar.md", "add_many(batch")
+ASYNC_EXAMPLE = ("docs/guide/async-state.md", "AsyncExecutionController(")
+TIMERS_EXAMPLE = ("docs/guide/timers.md", "get_timer_service(")
+CHECKPOINT_EXAMPLE = ("docs/guide/checkpoints.md", "checkpoint_id = storage.save(backend)")
+VERSIONS_EXAMPLE = ("docs/guide/checkpoints.md", "checkpoint_id=batch")
+#: run by tests/spark/test_examples.py on the Spark tests' session: every block that calls it
 SPARK_EXAMPLE = "apply_with_state("
+
+
+def markdown_files() -> list[Path]:
+    """README.md and every page of the docs."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def python_blocks(path: Path) -> list[str]:
@@ -36,49 +45,61 @@ def python_blocks(path: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", path.read_text(), re.S)
 
 
-def run_readme_example(marker: str, namespace: dict | None = None) -> dict:
-    """Execute the README's first python block that mentions ``marker``; its namespace."""
-    blocks = [b for b in python_blocks(ROOT / "README.md") if marker in b]
-    assert blocks, f"README has no python example using {marker}"
+def run_example(where: tuple[str, str], namespace: dict | None = None) -> dict:
+    """Execute the python block of ``where[0]`` that mentions the marker ``where[1]``; its namespace."""
+    path, marker = where
+    blocks = [b for b in python_blocks(ROOT / path) if marker in b]
+    assert len(blocks) == 1, f"{path} has {len(blocks)} python examples using {marker!r}, not 1"
     namespace = {} if namespace is None else namespace
-    exec(compile(blocks[0], "README.md", "exec"), namespace)
+    exec(compile(blocks[0], path, "exec"), namespace)
     return namespace
 
 
-def test_readme_python_example_runs(capsys):
-    m = run_readme_example(CORE_EXAMPLE, {"copy": copy})["m"]
+def test_quick_start_runs(capsys):
+    run_example(QUICK_START)
+    assert capsys.readouterr().out.splitlines() == ["2", "0"]
+
+
+def test_map_example_runs(capsys):
+    m = run_example(MAP_EXAMPLE, {"copy": copy})["m"]
     assert m.get("user-1", "window-0") == [1, 2, 3]
     assert not m.contains_key("session", "ns")
     assert len(m) == 2 + 1_000_000
     assert "[('user-1', 'window-0', [1, 2])]" in capsys.readouterr().out
 
 
-def test_readme_keyed_state_example_runs(capsys):
-    namespace = run_readme_example(KEYED_STATE_EXAMPLE)
+def test_keyed_state_example_runs(capsys):
+    namespace = run_example(KEYED_STATE_EXAMPLE)
     assert capsys.readouterr().out.splitlines() == ["2 ['/a', '/c']", "0 False []"]
     assert namespace["restored"].num_entries() == 4  # 2 users x (count, seen): snapshot taken before expiry
     assert namespace["snap"].released
 
 
-def test_readme_async_example_runs(capsys):
-    namespace = run_readme_example(ASYNC_EXAMPLE)
+def test_rescale_example_runs(capsys):
+    namespace = run_example(RESCALE_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == ["[3, 3]", "3"]
+    assert namespace["snap"].released
+    assert sum(b.num_entries() for b in namespace["two"]) == namespace["one"].num_entries() == 6
+
+
+def test_ttl_example_runs(capsys):
+    run_example(TTL_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == ["t-1 ['/b'] 7 None", "None []"]
+
+
+def test_columnar_example_runs(capsys):
+    run_example(COLUMNAR_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == ["[2 1 1 0]"]
+
+
+def test_async_example_runs(capsys):
+    namespace = run_example(ASYNC_EXAMPLE)
     assert capsys.readouterr().out.splitlines() == ["2"]
     assert namespace["aec"].in_flight_records == 0
 
 
-def test_readme_columnar_example_runs(capsys):
-    run_readme_example(COLUMNAR_EXAMPLE)
-    assert capsys.readouterr().out.splitlines() == ["[2 1 1 0]"]
-
-
-def test_readme_checkpoint_example_runs(capsys):
-    namespace = run_readme_example(CHECKPOINT_EXAMPLE)
-    assert capsys.readouterr().out.splitlines() == ["41"]
-    assert namespace["storage"].checkpoints() == [namespace["checkpoint_id"]]
-
-
-def test_readme_timers_example_runs(capsys):
-    namespace = run_readme_example(TIMERS_EXAMPLE)
+def test_timers_example_runs(capsys):
+    namespace = run_example(TIMERS_EXAMPLE)
     expected = [("bob", 60_000, 60_000, 1), ("ann", 0, 600_000, 2), ("ann", 4_000_000, 4_000_000, 1)]
     assert namespace["emitted"] == expected
     assert capsys.readouterr().out.splitlines() == [str(expected)]
@@ -86,22 +107,45 @@ def test_readme_timers_example_runs(capsys):
     assert namespace["backend"].num_entries() == 0  # every session emitted and cleared
 
 
+def test_checkpoint_example_runs(capsys):
+    namespace = run_example(CHECKPOINT_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == ["41"]
+    assert namespace["storage"].checkpoints() == [namespace["checkpoint_id"]]
+
+
+def test_versions_example_runs(capsys):
+    namespace = run_example(VERSIONS_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == ["['full', 'incremental', 'incremental']", "4 [1, 2]", "3"]
+    assert namespace["storage"].checkpoints() == [3, 4]
+
+
+EXAMPLES = (
+    QUICK_START,
+    MAP_EXAMPLE,
+    KEYED_STATE_EXAMPLE,
+    RESCALE_EXAMPLE,
+    TTL_EXAMPLE,
+    COLUMNAR_EXAMPLE,
+    ASYNC_EXAMPLE,
+    TIMERS_EXAMPLE,
+    CHECKPOINT_EXAMPLE,
+    VERSIONS_EXAMPLE,
+)
+
+
 def test_every_python_example_in_the_docs_is_run():
-    """Each python block of README.md is the one some test above runs, and docs/*.md has none
-    (an example added there needs a test here that runs it and checks what it shows)."""
-    blocks = python_blocks(ROOT / "README.md")
-    markers = (
-        CORE_EXAMPLE,
-        KEYED_STATE_EXAMPLE,
-        ASYNC_EXAMPLE,
-        COLUMNAR_EXAMPLE,
-        CHECKPOINT_EXAMPLE,
-        TIMERS_EXAMPLE,
-        SPARK_EXAMPLE,
-    )
-    run = [next(b for b in blocks if marker in b) for marker in markers]
-    assert [b for b in blocks if b not in run] == []
-    assert {doc.name: n for doc in (ROOT / "docs").glob("*.md") if (n := len(python_blocks(doc)))} == {}
+    """Every python block of README.md and docs/**/*.md is one a test runs: one of EXAMPLES
+    above, or a Spark example (tests/spark/test_examples.py). An example added to a page needs a
+    test here that runs it and checks what it shows."""
+    run = {(path, b) for path, marker in EXAMPLES for b in python_blocks(ROOT / path) if marker in b}
+    assert len(run) == len(EXAMPLES), "a marker of EXAMPLES matches no block, or several"
+    not_run = [
+        f"{path.relative_to(ROOT)}: {block.splitlines()[0]}"
+        for path in markdown_files()
+        for block in python_blocks(path)
+        if (str(path.relative_to(ROOT)), block) not in run and SPARK_EXAMPLE not in block
+    ]
+    assert not_run == [], "python examples no test runs:\n  " + "\n  ".join(not_run)
 
 
 def test_import_cowmap_does_not_load_numpy():

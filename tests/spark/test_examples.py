@@ -73,10 +73,43 @@ def test_running_totals(spark, tmp_path) -> None:
     assert final["total"].to_numpy() == pytest.approx(want["sum"].to_numpy())
 
 
-def test_readme_streaming_example(spark, tmp_path) -> None:
-    """The README's first screen: the dedup, as a user would paste it (its class is __main__'s)."""
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
-    block = next(b for b in blocks if "apply_with_state(" in b)  # tests/test_package.py's SPARK_EXAMPLE
+def _doc_blocks() -> list[tuple[str, str]]:
+    """``(page, block)`` for every python block of README.md and docs/**/*.md that calls
+    ``apply_with_state(`` (tests/test_package.py's SPARK_EXAMPLE), each distinct block once."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    out: dict[str, str] = {}
+    for page in pages:
+        for block in re.findall(r"```python\n(.*?)```", page.read_text(), re.S):
+            if "apply_with_state(" in block:
+                out.setdefault(block, str(page.relative_to(ROOT)))
+    return [(page, block) for block, page in out.items()]
+
+
+def _check_first_clicks(out: pd.DataFrame, clicks: pd.DataFrame) -> None:
+    assert sorted(out["user"]) == sorted(set(clicks["user"]))  # each user once, within the hour
+
+
+def _check_click_counts(out: pd.DataFrame, clicks: pd.DataFrame) -> None:
+    assert dict(zip(out["user"], out["clicks"], strict=True)) == clicks["user"].value_counts().to_dict()
+
+
+#: what each docs example's output must be, by the processor class it defines
+DOC_CHECKS = {"FirstClickPerHour": _check_first_clicks, "ClickCount": _check_click_counts}
+
+
+def _example_id(page: str, block: str) -> str:
+    name = re.search(r"^class (\w+)", block, re.M)
+    return f"{page}:{name.group(1) if name else '?'}"
+
+
+@pytest.mark.parametrize(
+    ("page", "block"), [pytest.param(page, block, id=_example_id(page, block)) for page, block in _doc_blocks()]
+)
+def test_docs_streaming_examples(spark, tmp_path, page: str, block: str) -> None:
+    """The Spark examples of the README and the docs, as a user would paste them (their classes
+    are __main__'s), on one micro-batch of clicks."""
+    checks = [check for name, check in DOC_CHECKS.items() if f"class {name}" in block]
+    assert len(checks) == 1, f"a Spark example of {page} without a check in DOC_CHECKS"
     clicks = pd.DataFrame({"user": [f"u{i % 7}" for i in range(50)], "url": [f"/{i}" for i in range(50)]})
     (tmp_path / "clicks").mkdir()
     clicks.to_parquet(tmp_path / "clicks" / "part-0.parquet", index=False)
@@ -89,11 +122,10 @@ def test_readme_streaming_example(spark, tmp_path) -> None:
         "out_dir": paths["out"],
         "spark_checkpoint": paths["chk"],
     }
-    exec(compile(block, "README.md", "exec"), namespace)
+    exec(compile(block, page, "exec"), namespace)
     query = namespace["query"]
     try:
         query.processAllAvailable()
     finally:
         query.stop()
-    out = spark.read.parquet(paths["out"]).toPandas()
-    assert sorted(out["user"]) == sorted(set(clicks["user"]))
+    checks[0](spark.read.parquet(paths["out"]).toPandas(), clicks)

@@ -122,9 +122,11 @@ class KeyedStateBackend:
     # ------------------------------------------------------------ key context
 
     def get_current_key(self) -> Any:
+        """The key set by the last ``set_current_key`` (None before the first)."""
         return self._kc.key
 
     def get_current_key_group(self) -> int | None:
+        """The current key's key group (None before the first ``set_current_key``)."""
         return self._kc.key_group
 
     def key_group_of(self, key: Any) -> int:

@@ -43,6 +43,7 @@ class ListState(AsyncListMethods, State):
     __slots__ = ()
 
     def get(self) -> list[Any]:
+        """The current key's elements, oldest first (a new list; ``[]`` when there are none)."""
         t = self._t
         m = self._map(False)
         if m is None:
@@ -73,11 +74,13 @@ class ListState(AsyncListMethods, State):
         return [v for v, ok in zip(values, live) if ok]
 
     def add(self, value: Any) -> None:
+        """Append ``value`` (not None) to the current key's list."""
         if value is None:
             raise ValueError("a ListState cannot hold None")
         self._append([value])
 
     def add_all(self, values: Iterable[Any]) -> None:
+        """Append every element of ``values`` (none of them None) to the current key's list."""
         vals = _checked(values, "add")
         if vals:
             self._append(vals)
@@ -102,6 +105,7 @@ class ListState(AsyncListMethods, State):
             m.set_timestamp(key, ns, now)
 
     def update(self, values: Iterable[Any]) -> None:
+        """Replace the current key's list with the elements of ``values``; ``[]`` clears it."""
         vals = _checked(values, "update")
         m = self._map(True)
         assert m is not None

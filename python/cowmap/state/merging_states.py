@@ -260,6 +260,8 @@ class ReducingState(_MergingState):
         return None if v is _ABSENT else v
 
     def add(self, value: Any) -> None:
+        """Reduce ``value`` (not None) into the current key's value with the descriptor's
+        ``reduce_function`` (the value itself when there is none)."""
         if value is None:
             raise ValueError("cannot add None to a ReducingState")
         m = self._map(True)
@@ -392,6 +394,8 @@ class AggregatingState(_MergingState):
         return self._t.descriptor.aggregate_function.get_result(acc)
 
     def add(self, value: Any) -> None:
+        """Add ``value`` to the current key's accumulator with the ``AggregateFunction``
+        (a new accumulator when there is none)."""
         m = self._map(True)
         assert m is not None
         fn = self._t.descriptor.aggregate_function

@@ -45,6 +45,8 @@ class ValueState(AsyncValueMethods, State):
         return self._t.copy_value(self._default) if self._fresh_default else self._default
 
     def value(self) -> Any:
+        """The current key's value in the current namespace; the descriptor's
+        ``default_value`` when there is none or it expired. O(1)."""
         t = self._t
         kc = self._kc
         try:  # State._current_map, inlined: value() and update() are the hottest path
@@ -75,6 +77,7 @@ class ValueState(AsyncValueMethods, State):
         return v
 
     def update(self, value: Any) -> None:
+        """Set the current key's value (and, with TTL, its timestamp); None clears it. O(1)."""
         t = self._t
         kc = self._kc
         if value is None:
