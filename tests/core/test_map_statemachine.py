@@ -449,7 +449,7 @@ class CopierStateMachine(ListStates, PlainStateMachine):
 
 
 _SETTINGS = settings(
-    # fewer in the rerun on the plain-batch build (test_plain_batch_build.py), to keep it short
+    # fewer in the reruns on other builds (variant_build.rerun_tests), to keep them short
     max_examples=int(os.environ.get("COWMAP_STATEMACHINE_EXAMPLES", "400")),
     stateful_step_count=100,
     deadline=None,

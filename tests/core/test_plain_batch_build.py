@@ -24,7 +24,7 @@ import pytest
 
 import cowmap._core
 
-from variant_build import build_variant, run_child
+from variant_build import build_variant, rerun_tests, run_child
 
 #: the test files that call the batch ops, the multi-map calls or the column calls, directly
 #: or through the async state layer's batches and the columnar state calls
@@ -53,11 +53,6 @@ def plain_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_variant(tmp_path_factory.mktemp("plain_batch"), {"COWMAP_PLAIN_BATCH": "ON"}, ["_core"])
 
 
-#: hypothesis examples per state machine in the rerun (400 in the normal run): the batch
-#: rules still run thousands of times, and the rerun stays near a minute
-RERUN_STATEMACHINE_EXAMPLES = "100"
-
-
 def test_normal_build_is_pipelined() -> None:
     """The build the rest of the suite tests is the pipelined one."""
     assert cowmap._core.PLAIN_BATCH is False
@@ -65,16 +60,7 @@ def test_normal_build_is_pipelined() -> None:
 
 def test_batch_tests_pass_on_plain_build(plain_root: Path) -> None:
     """Every test of BATCH_TEST_FILES passes on the plain build, none skipped."""
-    env = dict(os.environ, COWMAP_STATEMACHINE_EXAMPLES=RERUN_STATEMACHINE_EXAMPLES)
-    run = run_child(str(plain_root), "plain", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                 *BATCH_TEST_FILES, env=env)
-    out = run.stdout
-    assert run.returncode == 0, out[-8000:]
-    first = out.splitlines()[0]
-    assert first.startswith(f"cowmap._core from {plain_root}"), first
-    assert "PLAIN_BATCH=True," in first, first
-    summary = out.strip().splitlines()[-1]
-    assert " passed" in summary and "skipped" not in summary and "failed" not in summary, summary
+    rerun_tests(plain_root, "plain", "PLAIN_BATCH=True", BATCH_TEST_FILES)
 
 
 def test_plain_build_traces_the_same(plain_root: Path, tmp_path: Path) -> None:

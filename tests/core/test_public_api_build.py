@@ -12,14 +12,13 @@ async layer. (The whole suite was run on it too; that takes as long as the suite
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 import cowmap._core
 
-from variant_build import build_variant, run_child
+from variant_build import build_variant, rerun_tests
 
 #: the test files that go through a fast path with a fallback (the two build tests, which
 #: would build again, and the GC switch test, which runs the installed build, are left out)
@@ -41,10 +40,6 @@ FALLBACK_TEST_FILES = [
     "tests/asyncstate/test_hardening.py",
 ]
 
-#: hypothesis examples per state machine in the rerun (400 in the normal run)
-RERUN_STATEMACHINE_EXAMPLES = "100"
-
-
 @pytest.fixture(scope="module")
 def public_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A package cowmap whose extension modules all use CPython's public C API only."""
@@ -58,13 +53,4 @@ def test_normal_build_takes_the_fast_paths() -> None:
 
 def test_tests_pass_on_the_public_api_build(public_root: Path) -> None:
     """Every test of FALLBACK_TEST_FILES passes on the public-API build, none skipped."""
-    env = dict(os.environ, COWMAP_STATEMACHINE_EXAMPLES=RERUN_STATEMACHINE_EXAMPLES)
-    run = run_child(str(public_root), "public", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
-                    *FALLBACK_TEST_FILES, env=env)
-    out = run.stdout
-    assert run.returncode == 0, out[-8000:]
-    first = out.splitlines()[0]
-    assert first.startswith(f"cowmap._core from {public_root}"), first
-    assert first.endswith("CPYTHON_INTERNALS=False"), first
-    summary = out.strip().splitlines()[-1]
-    assert " passed" in summary and "skipped" not in summary and "failed" not in summary, summary
+    rerun_tests(public_root, "public", "CPYTHON_INTERNALS=False", FALLBACK_TEST_FILES)

@@ -11,6 +11,7 @@ directory only and checks which build it got.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -74,3 +75,22 @@ def run_child(root: str, build: str, *args: str, env: dict[str, str] | None = No
     """variant_child.py on the package in root ("-": as installed), expecting `build`."""
     cmd = [sys.executable, "-X", "faulthandler", str(HERE / "variant_child.py"), root, build, *args]
     return run(cmd, timeout=900, cwd=REPO, env=env)
+
+
+#: hypothesis examples per state machine in a rerun (400 in the normal run): the rules still
+#: run thousands of times, and a rerun stays near a minute
+RERUN_STATEMACHINE_EXAMPLES = "100"
+
+
+def rerun_tests(root: Path, build: str, flag: str, files: list[str]) -> None:
+    """Run the test ``files`` on the package in ``root`` (``build``, whose first line of output
+    must show ``flag``): every test passes, none is skipped."""
+    env = dict(os.environ, COWMAP_STATEMACHINE_EXAMPLES=RERUN_STATEMACHINE_EXAMPLES)
+    run = run_child(str(root), build, "pytest", "-q", "-p", "no:cacheprovider", "-rs", *files, env=env)
+    out = run.stdout
+    assert run.returncode == 0, out[-8000:]
+    first = out.splitlines()[0]
+    assert first.startswith(f"cowmap._core from {root}"), first
+    assert flag in first.split(", ")[1:], first
+    summary = out.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary and "failed" not in summary, summary

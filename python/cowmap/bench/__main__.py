@@ -119,7 +119,7 @@ def _spark_systems() -> tuple[str, ...]:
 
 
 def _main_spark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    from cowmap.bench import report, spark
+    from cowmap.bench import spark
 
     sizes = (args.spark_rows, args.spark_keys, args.spark_batches, args.spark_keys_every)
     if min(sizes) < 1 or args.commit_keys < 0:
@@ -127,11 +127,7 @@ def _main_spark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     res = spark.run(args.spark_systems, args.spark_rows, args.spark_keys, args.spark_batches, args.spark_keys_every,
                     repeats=args.repeats or 1, commit_keys=args.commit_keys)
     print("\n".join(spark.report(res)))
-    if args.out:
-        report.write_json(args.out, {"scenario": "spark", "format": 1, "result": res})
-        print(f"wrote {args.out}")
-    if args.plot:
-        print(f"wrote {args.plot}" if spark.plot(res, args.plot) else "no plot: matplotlib is not installed")
+    _outputs(args, {"scenario": "spark", "format": 1, "result": res}, lambda path: spark.plot(res, path))
     failed = [  # (the dict persists nothing: its counts are not expected to hold)
         s for w in res["workloads"].values() for s, f in w["figures"].items()
         if not f["state_ok"] and s != "dict_map_in_pandas"
@@ -146,7 +142,7 @@ def _columnar_cases() -> tuple[str, ...]:
 
 
 def _main_columnar(parser: argparse.ArgumentParser, args: argparse.Namespace, repeats: int) -> int:
-    from cowmap.bench import columnar, report
+    from cowmap.bench import columnar
 
     rows = args.rows if args.rows is not None else columnar.ROWS
     if rows < columnar.CALL:
@@ -165,14 +161,10 @@ def _main_columnar(parser: argparse.ArgumentParser, args: argparse.Namespace, re
             flink_row, msg = columnar.run_flink_value(repeats=repeats)
             print(columnar.flink_line(cow, flink_row) if flink_row else msg,
                   file=sys.stdout if flink_row else sys.stderr)
-    if args.out:
-        report.write_json(args.out, {"scenario": "columnar", "format": 1, "rows": res, "flink": flink_row,
-                                     "machine": {"python": platform.python_version(),
-                                                 "platform": platform.platform(), "cpus": _cpus()}})
-        print(f"wrote {args.out}")
-    if args.plot:
-        why = columnar.plot_columnar(res, args.plot)
-        print(why if why else f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
+    _outputs(args, {"scenario": "columnar", "format": 1, "rows": res, "flink": flink_row,
+                    "machine": {"python": platform.python_version(), "platform": platform.platform(),
+                                "cpus": _cpus()}},
+             lambda path: columnar.plot_columnar(res, path))
     return 0 if all(r["state_ok"] for r in res) else 1
 
 
@@ -200,63 +192,45 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         parser.error("--n and --repeats must be >= 1")
     repeats = args.repeats if args.repeats is not None else 5
     if args.scenario == "core":
-        from cowmap.bench import report
         from cowmap.bench.core import plot_core, print_rows, run_core, to_json
 
         n = args.n if args.n is not None else 1_000_000
         print(f"cowmap core benchmark: {n:,} random int64 keys, median of {repeats} runs")
         rows = run_core(n, repeats)
         print_rows(rows)
-        if args.out:
-            report.write_json(args.out, to_json(rows, n, repeats))
-            print(f"wrote {args.out}")
-        if args.plot:
-            _plotted(plot_core(rows, args.plot, n), args.plot)
+        _outputs(args, to_json(rows, n, repeats), lambda path: plot_core(rows, path, n))
         return 0
     if args.scenario == "columnar":
         return _main_columnar(parser, args, repeats)
     if args.scenario == "checkpoint":
-        from cowmap.bench import checkpoint, report
+        from cowmap.bench import checkpoint
 
         if args.entries < 1 or args.map_entries < 0:
             parser.error("--entries must be >= 1 and --map-entries >= 0")
         res = checkpoint.run(args.entries, args.map_entries, args.repeats or 3, args.dir)
         print("\n".join(checkpoint.report(res)))
-        if args.out:
-            report.write_json(args.out, {"scenario": "checkpoint", "format": 1, "result": res})
-            print(f"wrote {args.out}")
-        if args.plot:
-            _plotted(checkpoint.plot(res, args.plot), args.plot)
+        _outputs(args, {"scenario": "checkpoint", "format": 1, "result": res}, lambda path: checkpoint.plot(res, path))
         return 0
     if args.scenario == "spark":
         return _main_spark(parser, args)
     if args.scenario == "timers":
-        from cowmap.bench import report, timers
+        from cowmap.bench import timers
 
         if args.timer_keys < 1 or args.timers_per_key < 1:
             parser.error("--timer-keys and --timers-per-key must be >= 1")
         res = timers.run(repeats, args.timer_keys, args.timers_per_key)
         print("\n".join(timers.report(res)))
-        if args.out:
-            report.write_json(args.out, {"scenario": "timers", "format": 1, "result": res})
-            print(f"wrote {args.out}")
-        if args.plot:
-            _plotted(timers.plot(res, args.plot), args.plot)
+        _outputs(args, {"scenario": "timers", "format": 1, "result": res}, lambda path: timers.plot(res, path))
         return 0
     if args.n is not None:
         parser.error("--n is for the core scenario (ttl: --records, --groups, --users-per-group)")
     if args.scenario == "snapshot":
-        from cowmap.bench import report
         from cowmap.bench.snapshot import plot_snapshot, print_snapshot, run_snapshot
 
         print(f"cowmap snapshot benchmark: ValueState with TTL, sizes {', '.join(f'{s:,}' for s in args.sizes)}")
         sizes = run_snapshot(list(args.sizes))
         print_snapshot(sizes)
-        if args.out:
-            report.write_json(args.out, {"scenario": "snapshot", "format": 1, "rows": sizes})
-            print(f"wrote {args.out}")
-        if args.plot:
-            _plotted(plot_snapshot(sizes, args.plot), args.plot)
+        _outputs(args, {"scenario": "snapshot", "format": 1, "rows": sizes}, lambda path: plot_snapshot(sizes, path))
         return 0
     return _main_ttl(parser, args, repeats)
 
@@ -341,18 +315,21 @@ def _main_ttl(parser: argparse.ArgumentParser, args: argparse.Namespace, repeats
                        "cpus": _cpus()},
            "flink": flink_status, "wall_s": round(wall, 1), "rows": sorted(rows, key=report.sort_key),
            "targets": ts, "state_lost": bool(lost), "errors": errors}
+    _outputs(args, doc, lambda path: report.plot(rows, path, _title(st, any(r["system"] == "flink" for r in rows))))
+    return 1 if lost or (errors and not rows) else 0
+
+
+def _outputs(args: argparse.Namespace, doc: dict, plot: Callable[[str], str | None]) -> None:
+    """A scenario's ``--out`` (its JSON document) and ``--plot`` (``plot(path)`` writes it and
+    returns None, or says why not: on stderr)."""
+    from cowmap.bench import report
+
     if args.out:
         report.write_json(args.out, doc)
         print(f"wrote {args.out}")
     if args.plot:
-        why = report.plot(rows, args.plot, _title(st, any(r["system"] == "flink" for r in rows)))
+        why = plot(args.plot)
         print(why if why else f"wrote {args.plot}", file=sys.stderr if why else sys.stdout)
-    return 1 if lost or (errors and not rows) else 0
-
-
-def _plotted(why: str | None, path: str) -> None:
-    """Report a scenario's ``--plot``: the file written, or why not (on stderr)."""
-    print(why if why else f"wrote {path}", file=sys.stderr if why else sys.stdout)
 
 
 def _title(st: object, with_flink: bool) -> str:

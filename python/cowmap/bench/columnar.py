@@ -330,13 +330,11 @@ def print_columnar(rows: list[dict[str, Any]]) -> None:
 
 def plot_columnar(rows: list[dict[str, Any]], path: str) -> str | None:
     """A bar chart of ns/row per case, cowmap vs loop vs pandas (log scale); None, or why not."""
-    try:
-        import matplotlib
+    from cowmap.bench.report import NO_MATPLOTLIB, pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "no plot: matplotlib is not installed (pip install matplotlib)"
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     names = [r["case"] for r in rows]
     x = np.arange(len(names))
     fig, ax = plt.subplots(figsize=(8, 4.5))

@@ -436,14 +436,12 @@ def report(res: dict[str, Any]) -> list[str]:
 
 
 def plot(res: dict[str, Any], path: str) -> str | None:
-    """A bar chart of rows/s per system and workload (log scale); None without matplotlib."""
-    try:
-        import matplotlib
+    """A bar chart of rows/s per system and workload (log scale); None, or why not."""
+    from cowmap.bench.report import NO_MATPLOTLIB, pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    plt = pyplot()
+    if plt is None:
+        return NO_MATPLOTLIB
     names = list(res["workloads"])
     fig, ax = plt.subplots(figsize=(10, 4.5))
     width = 0.8 / len(names)
@@ -460,4 +458,4 @@ def plot(res: dict[str, Any], path: str) -> str | None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return path
+    return None
