@@ -48,16 +48,6 @@ class LocalFile:
             os.close(self._fd)
             self._fd = -1
 
-    @property
-    def closed(self) -> bool:
-        return self._fd < 0
-
-    def __enter__(self) -> LocalFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def __del__(self) -> None:
         self.close()
 
