@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,8 @@ import venv
 from pathlib import Path
 
 import pytest
+
+from test_package import python_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPILERS = ("cc", "gcc", "clang", "c++", "g++", "clang++")
@@ -32,8 +33,7 @@ def _run(cmd: list[str], timeout: float = 900, **kw) -> subprocess.CompletedProc
 
 
 def _readme_examples() -> list[str]:
-    blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
-    return [b for b in blocks if NEEDS_SPARK not in b]
+    return [b for b in python_blocks(ROOT / "README.md") if NEEDS_SPARK not in b]
 
 
 @pytest.fixture(scope="module")

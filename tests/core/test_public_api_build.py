@@ -40,6 +40,7 @@ FALLBACK_TEST_FILES = [
     "tests/asyncstate/test_hardening.py",
 ]
 
+
 @pytest.fixture(scope="module")
 def public_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A package cowmap whose extension modules all use CPython's public C API only."""

@@ -127,14 +127,20 @@ class ArrowFiles:
         self.fs.delete_file(path)
 
 
+def _pyarrow_fs(what: str) -> Any:
+    """``pyarrow.fs``, or an ImportError saying how to install it for checkpoints on ``what``."""
+    try:
+        import pyarrow.fs as pafs
+    except ImportError:
+        raise ImportError(_ARROW_MISSING.format(what=what)) from None
+    return pafs
+
+
 def open_files(uri: str | os.PathLike[str], filesystem: Any = None) -> tuple[LocalFiles | ArrowFiles, str]:
     """The files of ``uri`` and its path on them: a local path or ``file://`` URI on the
     local disk, any other URI (``s3://...``) or any ``filesystem=`` through pyarrow."""
     if filesystem is not None:
-        try:
-            import pyarrow.fs as pafs
-        except ImportError:
-            raise ImportError(_ARROW_MISSING.format(what="a filesystem object")) from None
+        pafs = _pyarrow_fs("a filesystem object")
         if not isinstance(filesystem, pafs.FileSystem):
             raise TypeError(f"filesystem must be a pyarrow.fs.FileSystem, got {type(filesystem).__name__}")
         return ArrowFiles(filesystem), os.fspath(uri)
@@ -144,10 +150,6 @@ def open_files(uri: str | os.PathLike[str], filesystem: Any = None) -> tuple[Loc
     if text.startswith("file://"):
         return LocalFiles(), os.path.abspath(text[len("file://"):])
     if "://" in text:
-        try:
-            import pyarrow.fs as pafs
-        except ImportError:
-            raise ImportError(_ARROW_MISSING.format(what=repr(text))) from None
-        fs, path = pafs.FileSystem.from_uri(text)
+        fs, path = _pyarrow_fs(repr(text)).FileSystem.from_uri(text)
         return ArrowFiles(fs), path
     return LocalFiles(), os.path.abspath(text)
