@@ -214,6 +214,15 @@ COL_FLOAT64: int
 
 _KeyCol = npt.NDArray[np.int64] | tuple[Any, ...]
 
+@final
+class ColumnLocations:
+    """Where a column read found each row's entry, for a write of the same column."""
+
+    @property
+    def written(self) -> int: ...
+    def kgs_for(self, keys: _KeyCol, namespace: Any) -> npt.NDArray[np.int32] | None: ...
+    def clear(self) -> None: ...
+
 def column_get(
     maps: list[Any],
     kgs: npt.NDArray[np.int32],
@@ -227,6 +236,7 @@ def column_get(
     out_type: int = 0,
     peek: bool = False,
     exact: bool = False,
+    locations: ColumnLocations | None = None,
 ) -> tuple[Any, npt.NDArray[np.uint8]]: ...
 def column_put(
     maps: list[Any],
@@ -235,6 +245,7 @@ def column_put(
     namespace: Any,
     states: tuple[Any, ...] | npt.NDArray[np.int64] | npt.NDArray[np.float64],
     ts: _Time | npt.NDArray[np.int64] = ...,
+    locations: ColumnLocations | None = None,
 ) -> None: ...
 def column_remove(maps: list[Any], kgs: npt.NDArray[np.int32], keys: _KeyCol, namespace: Any) -> None: ...
 def column_contains(

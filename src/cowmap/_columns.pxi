@@ -4,6 +4,7 @@
 
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.ref cimport Py_DECREF
+from libc.string cimport memcmp
 
 
 cdef extern from "Python.h":
@@ -94,6 +95,73 @@ cdef class _Column:
         return 0
 
 
+@cython.final
+cdef class ColumnLocations:
+    """Where a column read (``column_get`` of int64 keys) found each row's entry,
+    so that a write of the same column (``column_put`` with the same keys and
+    namespace: the read-modify-write of a pandas UDF) skips its lookups. A map's
+    rows count while the map has had no entry added or removed and no snapshot
+    taken since the read (checked per row as the write runs); any other row is
+    looked up as usual, so a stale or foreign one costs time, never a wrong
+    write. Holds a copy of the keys and the read's maps."""
+    cdef object keys        # int64 copy of the read's keys; None: nothing held
+    cdef object kgs
+    cdef object ns
+    cdef object locs_arr    # uint32, one per row: the entry index, 0 = none
+    cdef uint32_t[::1] locs
+    cdef cm_colmark *marks
+    cdef Py_ssize_t nmaps
+    cdef list held          # the read's maps, alive so that no other map takes their address
+    cdef readonly Py_ssize_t written  # rows the last column_put given these wrote through them
+
+    def __dealloc__(self):
+        PyMem_Free(self.marks)
+
+    cdef int _begin(self, _Column col, object kgs, object namespace) except -1:
+        """Set col up to record its rows' locations (an int64 read), forgetting the last read's."""
+        import numpy as np
+        cdef Py_ssize_t n = col.c.n
+        self.keys = None
+        if self.nmaps != col.c.nmaps:
+            PyMem_Free(self.marks)
+            self.nmaps = 0
+            self.marks = <cm_colmark *>PyMem_Calloc(col.c.nmaps if col.c.nmaps else 1, sizeof(cm_colmark))
+            if self.marks == NULL:
+                raise MemoryError()
+            self.nmaps = col.c.nmaps
+        memset(self.marks, 0, (self.nmaps if self.nmaps else 1) * sizeof(cm_colmark))
+        if self.locs_arr is None or self.locs.shape[0] != n:
+            self.locs_arr = np.zeros(n if n else 1, dtype=np.uint32)
+            self.locs = self.locs_arr
+        else:
+            self.locs_arr.fill(0)
+        col.c.locs = &self.locs[0]
+        col.c.marks = self.marks
+        self.kgs = kgs
+        self.ns = namespace
+        self.held = col.held
+        return 0
+
+    cdef bint _matches(self, object keys, object namespace):
+        cdef const int64_t[::1] a
+        cdef const int64_t[::1] b
+        if self.keys is None or namespace is not self.ns or type(keys) is tuple:
+            return False
+        a = keys
+        b = self.keys
+        return a.shape[0] == b.shape[0] and (a.shape[0] == 0 or memcmp(&a[0], &b[0], a.shape[0] * sizeof(int64_t)) == 0)
+
+    def kgs_for(self, keys, namespace):
+        """The read's key groups (an int32 array) when ``keys`` (an int64 array)
+        and ``namespace`` are the last read's, else None."""
+        return self.kgs if self._matches(keys, namespace) else None
+
+    def clear(self):
+        """Forget the last read (its keys, maps and locations)."""
+        self.keys = self.kgs = self.ns = None
+        self.held = None
+
+
 cdef object _not_numeric(_Column col, Py_ssize_t i, object state, str want, str dtype):
     key = col.c.ikeys[i] if col.c.ikeys != NULL else (<tuple>col.keys)[i]
     return TypeError(f"the state of key {key!r} is {type(state).__name__} {state!r}, not {want}: "
@@ -117,7 +185,7 @@ cdef int _release_refs(PyObject **out, Py_ssize_t start, Py_ssize_t n) noexcept:
 
 def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=False,
                default=None, bint return_expired=False, int out_type=COL_LIST, bint peek=False,
-               bint exact=False):
+               bint exact=False, ColumnLocations locations=None):
     """Read ``keys[i]`` (an int64 array or a tuple) in ``namespace`` from
     ``maps[kgs[i]]`` (``kgs`` an int32 array) for every row, in order; returns
     ``(values, status)``.
@@ -134,7 +202,9 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
     ``default`` is None). An int64 array takes integer states only and a
     float64 array numbers only (with ``exact``: only Python ints, and ints or
     floats; numpy scalars and anything else are refused): another state is a
-    ``TypeError`` naming its key, raised once the reads are done. O(len(keys)).
+    ``TypeError`` naming its key, raised once the reads are done. With
+    ``locations``, an int64 column's rows' entries are recorded there for a
+    ``column_put`` of the same column (see ``ColumnLocations``). O(len(keys)).
     """
     import numpy as np
     if out_type == COL_INT64 and default is None:
@@ -168,8 +238,14 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
         values = np.empty(n, dtype=np.float64)
         fv = values
         col.c.fout = &fv[0] if n else NULL
+    if locations is not None:
+        locations.clear()
+        if col.c.ikeys != NULL:
+            locations._begin(col, kgs, namespace)
     try:
         cm_col_run(&col.c)
+        if col.c.locs != NULL:
+            locations.keys = np.array(keys, dtype=np.int64, copy=True)
         if out_type == COL_LIST:
             lst = _list_new(n)
             values = <object>lst
@@ -234,15 +310,22 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
         PyMem_Free(out)
 
 
-def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP):
+def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP,
+               ColumnLocations locations=None):
     """Write ``states[i]`` to ``keys[i]`` in ``namespace`` of ``maps[kgs[i]]``
     with timestamp ``ts`` for every row (or ``ts[i]`` when ``ts`` is an int64
     array: a restore's), in order; a state None removes the key instead.
     ``states`` is a tuple, or an int64 or float64 array (written as ints /
-    floats). Every row's map must exist (``ValueError``). Not atomic: when a
-    row fails, the rows before it are written. O(len(keys))."""
+    floats). Every row's map must exist (``ValueError``). ``locations``: a
+    ``column_get``'s, used when ``keys`` and ``namespace`` are that read's.
+    Not atomic: when a row fails, the rows before it are written. O(len(keys))."""
     cdef _Column col = _Column()
     col.setup(CM_COL_PUT, maps, kgs, keys, namespace)
+    if locations is not None:
+        locations.written = 0
+        if locations._matches(keys, namespace) and locations.nmaps == col.c.nmaps:
+            col.c.locs = &locations.locs[0]
+            col.c.marks = locations.marks
     cdef Py_ssize_t i, n = col.c.n
     cdef const int64_t[::1] iv
     cdef const int64_t[::1] tv
@@ -270,6 +353,8 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
             cm_col_run(&col.c)
         finally:
             PyMem_Free(buf)
+            if locations is not None:
+                locations.written = col.c.located
         return
     dtype = getattr(states, "dtype", None)
     if dtype is None:
@@ -287,7 +372,11 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
     else:
         raise TypeError(f"states must be a tuple or an int64 / float64 array, not {dtype}")
     if n:
-        cm_col_run(&col.c)
+        try:
+            cm_col_run(&col.c)
+        finally:
+            if locations is not None:
+                locations.written = col.c.located
 
 
 def column_remove(list maps not None, kgs, keys, namespace):

@@ -95,6 +95,10 @@ cdef extern from "cowmap_core.h":
 
     int CM_COL_GET, CM_COL_PUT, CM_COL_REMOVE, CM_COL_CONTAINS, CM_COL_FOLD
     int CM_FOLD_ADD, CM_FOLD_MIN, CM_FOLD_MAX
+    ctypedef struct cm_colmark:
+        const cm_map *m
+        uint64_t mod
+        uint32_t version
     ctypedef struct cm_col:
         int op
         Py_ssize_t n
@@ -120,6 +124,9 @@ cdef extern from "cowmap_core.h":
         int fold
         int return_expired
         PyObject *unfit
+        uint32_t *locs
+        cm_colmark *marks
+        Py_ssize_t located
     int cm_col_run(cm_col *c) except -1
     uint32_t cm_nfree(const cm_map *m)
 

@@ -27,6 +27,8 @@ enum { CM_FOLD_ADD, CM_FOLD_MIN, CM_FOLD_MAX };
 /* What a column GET found for a row (cm_col.status); CM_ROW_TYPED is or-ed in
  * when the fast read wrote the row's number to iout/fout instead of out. */
 enum { CM_ROW_ABSENT = 0, CM_ROW_LIVE = 1, CM_ROW_EXPIRED = 2, CM_ROW_TYPED = 0x80 };
+/* A PUT row written by cm_col_put_located (cm_col.status). */
+#define CM_ROW_DONE 4
 
 typedef struct {
     int op;
@@ -59,7 +61,26 @@ typedef struct {
      * appended to `unfit` (a list). */
     int fold, return_expired;
     PyObject *unfit;
+    /* Row locations, for a read-modify-write of one int64 column (cm_colmark):
+     * a fast GET writes the entry index of each live row it reads to locs[i]
+     * (0 elsewhere; the caller zeroes it) and marks[kg] for each map; a PUT
+     * given the GET's locs and marks writes those rows' entries without a
+     * lookup while their map is as the GET left it. NULL = none. */
+    uint32_t *locs;
+    struct cm_colmark *marks;
+    Py_ssize_t located;     /* PUT: the rows written through locs */
 } cm_col;
+
+/* A map as a GET left it: the same map, with no entry added or removed
+ * (mod_count) and no snapshot taken (version) since, so every entry the GET
+ * found is still the live map's entry at the same index. m NULL: the GET's
+ * rows of this map have no locations (it was rehashing, had a live snapshot,
+ * or some of its rows went the general way). */
+typedef struct cm_colmark {
+    const cm_map *m;
+    uint64_t mod;
+    uint32_t version;
+} cm_colmark;
 
 #define CM_CD 48u   /* rows between prefetching a row's slot and running it */
 #define CM_CR 64u   /* ring of row hashes, a power of two > CM_CD */
@@ -281,6 +302,8 @@ CM_ALWAYS_INLINE static inline void cm_crow_next(const cm_crow *r) {
     else if (x) CM_PREFETCH_W(x->state);
 }
 
+
+
 /* Whether the fast read can take rows of map m: nothing of it can move or be
  * copied by a read (no rehash running; no copy-on-read, which a copier and a
  * live snapshot would make). */
@@ -305,7 +328,7 @@ CM_ALWAYS_INLINE static inline void cm_crow_start(cm_crow *r, const cm_col *c, P
     r->h = cm_mix(cm_int_hash(r->k), nsmix);
     r->slot = NULL;
     r->m = m && !slow[kg] && (write ? cm_col_fast_write_map(m) : cm_col_fast_map(m)) ? m : NULL;
-    if (r->m) {
+    if (r->m && !(write && c->status[i] == CM_ROW_DONE)) {
         const uint32_t *slot = cm_slot_at(m, r->h);
         if (slot) { CM_PREFETCH(slot); r->slot = slot; }
     }
@@ -350,8 +373,9 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         }
         if (slow[kg]) { c->status[j] = CM_ROW_SLOW; continue; }
         cm_entry *hit = NULL;
+        uint32_t hi = r->head ? *r->slot : 0u; /* the index of x below (nothing moves in a read) */
         p.ikey = r->k; p.hash = r->h;
-        for (const cm_entry *x = r->head; x; x = x->next ? cm_E(r->m, x->next) : NULL) {
+        for (const cm_entry *x = r->head; x; hi = x->next, x = x->next ? cm_E(r->m, x->next) : NULL) {
             int eq = cm_match(x, &p);
             if (eq < 0) return -1;
             if (eq) { hit = (cm_entry *)x; break; }
@@ -364,9 +388,10 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
                 if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
                 hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
-                if (r->m->dirty) cm_changed(r->m, cm_index_of(r->m, *r->slot, hit));
+                cm_changed(r->m, hi);
             }
             c->status[j] = CM_ROW_LIVE;
+            if (c->locs) c->locs[j] = hi;
         }
         PyObject *st = hit->state;
         if (c->iout && PyLong_CheckExact(st)) { /* a typed read: the number itself, no reference */
@@ -378,11 +403,53 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             c->status[j] |= CM_ROW_TYPED;
             continue;
         }
-        if (r->m->dirty && cm_mutable_state(st)) cm_changed(r->m, cm_index_of(r->m, *r->slot, hit));
+        if (r->m->dirty && cm_mutable_state(st)) cm_changed(r->m, hi);
         Py_INCREF(st);
         c->out[j] = st;
     }
     return 0;
+}
+
+#define CM_LD 16u   /* rows between requesting a located row's entry and writing it */
+
+/* The PUT rows whose entry the read that left c->locs found, written in place
+ * with no lookup: the rows of each map that is as that read left it (the same
+ * map, no entry added or removed, no snapshot taken: cm_colmark), and that
+ * has no rehash running or live snapshot. Their keys were all present at the
+ * read, so every row left (a key absent then, or a map changed since) has a
+ * key none of them has, and may run after them. Marks the rows it writes
+ * CM_ROW_DONE; returns how many, or -1. The states may hold no None (a
+ * removal): the caller checks. */
+static Py_ssize_t cm_col_put_located(cm_col *c, uint8_t *ok) {
+    const Py_ssize_t n = c->n;
+    Py_ssize_t done = 0;
+    for (Py_ssize_t k = 0; k < c->nmaps; k++) {
+        const cm_map *m = c->maps[k];
+        const cm_colmark *mk = &c->marks[k];
+        ok[k] = m && mk->m == m && mk->mod == m->mod_count && mk->version == m->version &&
+                cm_col_fast_write_map(m);
+    }
+    for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_LD; i++) {
+        if (i < n && c->locs[i] && ok[c->kgs[i]]) cm_prefetch_entry(c->maps[c->kgs[i]], c->locs[i]);
+        Py_ssize_t j = i - (Py_ssize_t)(CM_LD / 2);
+        if (j >= 0 && j < n && c->locs[j] && ok[c->kgs[j]]) CM_PREFETCH_W(cm_E(c->maps[c->kgs[j]], c->locs[j])->state);
+        j = i - (Py_ssize_t)CM_LD;
+        if (j < 0) continue;
+        uint32_t w = c->locs[j];
+        int32_t kg = c->kgs[j];
+        if (!w || !ok[kg]) continue;
+        cm_map *m = c->maps[kg];
+        const cm_entry *e = cm_E(m, w);
+        if (!cm_intkey(e) || e->key.i != c->ikeys[j]) continue; /* not the read's: cannot be, checked anyway */
+        if (!cm_col_rewrite(m, w, c, j, 0)) {
+            PyObject *st = cm_col_state(c, j);
+            if (!st) return -1;
+            cm_set_state(m, w, st, cm_col_ts(c, j));
+        }
+        c->status[j] = CM_ROW_DONE;
+        done++;
+    }
+    return done;
 }
 
 /* Pipelined int64 PUT over all rows, the pipeline of cm_batch_fast_run across
@@ -405,6 +472,7 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         Py_ssize_t j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
         const cm_crow *r = &ring[j & (CM_CR - 1u)];
+        if (c->status[j] == CM_ROW_DONE) continue;
         int32_t kg = c->kgs[j];
         cm_map *m = r->m;
         if (!m || slow[kg] || !cm_col_fast_write_map(m) || (c->states && (!c->states[j] || c->states[j] == Py_None))) {
@@ -441,6 +509,14 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         if (m->rehash.capacity) slow[kg] = 1; /* the insert started a rehash: later rows go the general way */
     }
     return 0;
+}
+
+/* Whether no row of a PUT removes its key (a None state). */
+static int cm_col_no_removal(const cm_col *c) {
+    if (!c->states) return 1;
+    for (Py_ssize_t i = 0; i < c->n; i++)
+        if (!c->states[i] || c->states[i] == Py_None) return 0;
+    return 1;
 }
 
 /* Enter the maps of the column's rows (each once), or none: a busy map fails
@@ -494,7 +570,14 @@ static int cm_col_run(cm_col *c) {
             if (!c->status) { PyErr_NoMemory(); cm_col_leave(c, rows); goto out; }
             own_status = 1;
         }
-        if ((c->op == CM_COL_GET ? cm_col_read_fast(c, hn, slow) : cm_col_put_fast(c, hn, slow)) < 0) {  /* PUT, FOLD */
+        Py_ssize_t done = 0;
+        if (c->op == CM_COL_PUT && c->locs && c->marks && cm_col_no_removal(c)) {
+            /* slow, all zeros, lends its room to the located rows' maps */
+            done = c->located = cm_col_put_located(c, slow);
+            memset(slow, 0, (size_t)(c->nmaps ? c->nmaps : 1));
+        }
+        if (done < 0 || (done < c->n && (c->op == CM_COL_GET ? cm_col_read_fast(c, hn, slow)
+                                                             : cm_col_put_fast(c, hn, slow)) < 0)) {  /* PUT, FOLD */
             cm_col_leave(c, rows);
             goto out;
         }
@@ -520,6 +603,14 @@ static int cm_col_run(cm_col *c) {
         if (cm_col_row(m, c, &p, i) < 0) break;
     }
     r = i == c->n ? 0 : -1;
+    if (c->op == CM_COL_GET && c->marks && r == 0)
+        for (Py_ssize_t k = 0; k < c->nmaps; k++) {
+            const cm_map *m = c->maps[k];
+            int held = m && rows[k] && slow && !slow[k] && cm_col_fast_write_map(m);
+            c->marks[k].m = held ? m : NULL;
+            c->marks[k].mod = held ? m->mod_count : 0;
+            c->marks[k].version = held ? m->version : 0;
+        }
     cm_col_leave(c, rows);
 out:
     if (own_status) { PyMem_Free(c->status); c->status = NULL; }

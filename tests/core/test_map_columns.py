@@ -22,6 +22,8 @@ from cowmap._core import (
     COL_LIST,
     EXPIRED,
     NO_TIMESTAMP,
+    PLAIN_BATCH,
+    ColumnLocations,
     CopyOnWriteStateMap,
     column_contains,
     column_fold,
@@ -440,3 +442,90 @@ def test_column_put_with_a_timestamp_per_row() -> None:
         column_put(maps, kgs, keys, "ns", keys, stamps[:3])
     with pytest.raises(TypeError, match="int64 array"):
         column_put(maps, kgs, keys, "ns", keys, stamps.astype(np.float64))
+
+
+# ---------------------------------------------------------------- located writes
+
+between_ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.integers(0, 40), st.integers(-5, 5)),
+        st.tuples(st.just("remove"), st.integers(0, 40)),
+        st.tuples(st.just("snapshot"), st.booleans()),  # released at once, or kept to the end
+        st.tuples(st.just("grow"), st.integers(0, NMAPS - 1)),  # enough inserts to start a rehash
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    start=st.dictionaries(st.integers(0, 40), st.integers(-9, 9), max_size=30),
+    keys=st.lists(st.integers(0, 40), max_size=25),
+    between=between_ops,
+    values=st.data(),
+    as_floats=st.booleans(),
+)
+def test_a_write_through_a_reads_locations_equals_a_plain_write(
+    start: dict[int, int], keys: list[int], between: list[Any], values: Any, as_floats: bool
+) -> None:
+    """get with ColumnLocations, anything in between, then put of the same keys
+    through them: the maps (and every snapshot taken in between) end as a plain
+    put leaves them, and with nothing in between every row whose key the read
+    found (in a map not rehashing) is written in place."""
+    vals = values.draw(st.lists(st.integers(-1000, 1000), min_size=len(keys), max_size=len(keys)))
+    states = np.array(vals, dtype=np.float64 if as_floats else np.int64)
+    sides = []
+    for located in (True, False):
+        maps = [CopyOnWriteStateMap(capacity=64) for _ in range(NMAPS)]  # no rehash unless grown
+        for k, v in start.items():
+            maps[k % NMAPS].put(k, NS, v * 1000)  # not a small int: rewritten in place when only the map holds it
+        ks = np.array(keys, dtype=np.int64)
+        kgs = np.array([k % NMAPS for k in keys], dtype=np.int32)
+        loc = ColumnLocations() if located else None
+        settled = not any(m.is_rehashing for m in maps)
+        column_get(maps, kgs, ks, NS, out_type=COL_INT64, default=0, locations=loc)
+        kept = []
+        for op in between:
+            if op[0] == "put":
+                maps[op[1] % NMAPS].put(op[1], NS, op[2])
+            elif op[0] == "remove":
+                maps[op[1] % NMAPS].remove(op[1], NS)
+            elif op[0] == "snapshot":
+                s = [m.snapshot() for m in maps]
+                if op[1]:
+                    for x in s:
+                        x.release()
+                else:
+                    kept.append(s)
+            else:
+                m = maps[op[1]]
+                for i in range(1000, 1000 + 2 * m.capacity):
+                    m.put(i * NMAPS + op[1], NS, i)
+        column_put(maps, kgs, ks, NS, states, locations=loc)
+        if located and not between and settled:  # every row whose key the read found
+            assert loc.written == (0 if PLAIN_BATCH else sum(k in start for k in keys))
+        sides.append(([sorted(_entries(m), key=repr) for m in maps],
+                      [[sorted(x.iter_with_timestamps(), key=repr) for x in s] for s in kept]))
+        for s in kept:
+            for x in s:
+                x.release()
+    assert sides[0] == sides[1]
+
+
+def test_locations_of_other_keys_or_another_namespace_are_not_used() -> None:
+    maps = [CopyOnWriteStateMap(capacity=4) for _ in range(NMAPS)]
+    ks = np.arange(10, dtype=np.int64)
+    kgs = (ks % NMAPS).astype(np.int32)
+    column_put(maps, kgs, ks, NS, ks * 1000)
+    loc = ColumnLocations()
+    column_get(maps, kgs, ks, NS, out_type=COL_INT64, default=0, locations=loc)
+    assert loc.kgs_for(ks.copy(), NS) is kgs and loc.kgs_for(ks[::-1].copy(), NS) is None
+    column_put(maps, kgs[::-1].copy(), ks[::-1].copy(), NS, ks, locations=loc)  # other keys: looked up
+    assert loc.written == 0
+    column_put(maps, kgs, ks, "other", ks, locations=loc)  # another namespace
+    assert loc.written == 0
+    column_get(maps, kgs, ks, NS, out_type=COL_INT64, default=0, locations=loc)  # the put above added entries
+    column_put(maps, kgs, ks, NS, ks + 7, locations=loc)
+    assert loc.written == (0 if PLAIN_BATCH else 10)  # the plain build looks every row up
+    assert [maps[k % NMAPS].get(k, NS) for k in range(10)] == [k + 7 for k in range(10)]
+    assert [maps[k % NMAPS].get(k, "other") for k in range(10)] == list(range(10))

@@ -27,18 +27,23 @@ values = st.one_of(st.integers(0, 5), st.none(), st.sampled_from(["x", "y"]))
 
 
 @st.composite
-def steps(draw: Any, numeric: bool) -> list[tuple[Any, ...]]:
+def steps(draw: Any, numeric: bool, most: int = 14) -> list[tuple[Any, ...]]:
     keys = small_keys if numeric else mixed_keys
     vals = st.one_of(st.integers(-3, 9), st.none()) if numeric else values
+    ops = ["get", "get", "update", "update", "clear", "tick", "ns", "snap", "check"]
+    if numeric and most > 3:
+        ops += ["rmw", "rmw"]  # a read, then a write of the same keys: the located write
     out = []
-    for _ in range(draw(st.integers(1, 14))):
-        op = draw(st.sampled_from(["get", "get", "update", "update", "clear", "tick", "ns", "snap", "check"]))
+    for _ in range(draw(st.integers(1, most))):
+        op = draw(st.sampled_from(ops))
         ns = draw(st.one_of(st.none(), namespaces))
-        if op in ("get", "update", "clear"):
+        if op in ("get", "update", "clear", "rmw"):
             ks = draw(st.lists(keys, max_size=12))
             vs = draw(st.lists(vals, min_size=len(ks), max_size=len(ks)))
             dtype = draw(st.sampled_from([None, "int64", "float64"])) if numeric else None
             out.append((op, ks, vs, draw(forms), ns, dtype))
+            if op == "rmw":  # what runs between the read and the write (snapshots, writes, ...)
+                out[-1] += (draw(st.one_of(st.just([]), steps(numeric, most=3))),)
         elif op == "tick":
             out.append((op, draw(st.integers(0, 12))))
         elif op == "ns":
@@ -55,9 +60,13 @@ def run(pair: Pair, program: list[tuple[Any, ...]]) -> None:
     for step in program:
         op = step[0]
         if not shared_step(pair, step, "v", "value"):
-            _, ks, vs, form, ns, dtype = step
+            _, ks, vs, form, ns, dtype = step[:6]
             before = pair.col.get_current_key()
-            if op == "get":
+            if op == "rmw":
+                run(pair, [("get", *step[1:6])])
+                run(pair, step[6])
+                run(pair, [("update", *step[1:6])])
+            elif op == "get":
                 want = pair.loop_rows(ks, lambda i: loop.value(), ns)
                 if dtype is None:
                     assert col.get_many(as_input(ks, form), namespace=ns) == want

@@ -318,23 +318,28 @@ class State(StateView):
 
     # ------------------------------------------------------------ columns
 
-    def _column(self, keys: Any, namespace: Any) -> tuple[Any, Any, Any]:
+    def _column(self, keys: Any, namespace: Any, locations: Any = None) -> tuple[Any, Any, Any]:
         """A columnar call's ``(keys, key groups, namespace)``, all checked before
         anything is written: ``keys`` as the compiled calls take them, their key
         groups (``ValueError`` for one outside the backend's range, ``TypeError``
         for a key with no stable hash) and ``namespace``, the view's current one
-        when None."""
+        when None. The key groups are ``locations``' (a ``ColumnLocations``)
+        when it holds a read of the same keys, as this backend computed them."""
         from cowmap.state.columns import key_column  # numpy: loaded by the first columnar call
 
         ks = key_column(keys)
-        kc = self._kc
-        kgs = kc.column_key_groups(ks)
         if namespace is None:
-            return ks, kgs, self._ns
-        try:
-            hash(namespace)
-        except TypeError:
-            raise TypeError(f"namespace must be hashable, got {type(namespace).__name__} {namespace!r}") from None
+            namespace = self._ns
+        else:
+            try:
+                hash(namespace)
+            except TypeError:
+                raise TypeError(
+                    f"namespace must be hashable, got {type(namespace).__name__} {namespace!r}"
+                ) from None
+        kgs = None if locations is None else locations.kgs_for(ks, namespace)
+        if kgs is None:
+            kgs = self._kc.column_key_groups(ks)
         return ks, kgs, namespace
 
     def _each_row(self, ks: Any, kgs: Any, namespace: Any, fn: Callable[[int], Any]) -> list[Any]:

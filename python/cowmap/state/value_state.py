@@ -8,6 +8,7 @@ from cowmap._core import (
     COL_LIST,
     EXPIRED,
     NO_TIMESTAMP,
+    ColumnLocations,
     column_get,
     column_put,
     column_remove,
@@ -32,10 +33,12 @@ class ValueState(AsyncValueMethods, State):
     the value expired); ``update(None)`` is ``clear()``.
     """
 
-    __slots__ = ("_fresh_default",)
+    __slots__ = ("_fresh_default", "_locations")
 
     def __init__(self, table: StateTable) -> None:
         super().__init__(table)
+        # where the last int64 get_many found its rows, for an update_many of the same keys
+        self._locations = ColumnLocations()
         default = table.descriptor.default_value  # type: ignore[attr-defined]
         self._default = default
         # a mutable default is copied per read, as Flink's getDefaultValue() does
@@ -120,14 +123,16 @@ class ValueState(AsyncValueMethods, State):
 
         dflt = self._default if default is _DESCRIPTOR else default
         code = check_typed(dtype, dflt)
-        ks, kgs, ns = self._column(keys, namespace)
+        ks, kgs, ns = self._column(keys, namespace, self._locations)
         t = self._t
+        loc = self._locations
         if t.ttl:
             values, status = column_get(
-                t.maps, kgs, ks, ns, self._kc.now(), t.ttl, t.update_on_read, dflt, t.return_expired, code
+                t.maps, kgs, ks, ns, self._kc.now(), t.ttl, t.update_on_read, dflt, t.return_expired, code,
+                locations=loc,
             )
         else:
-            values, status = column_get(t.maps, kgs, ks, ns, 0, 0, False, dflt, False, code)
+            values, status = column_get(t.maps, kgs, ks, ns, 0, 0, False, dflt, False, code, locations=loc)
         if default is _DESCRIPTOR and self._fresh_default and code == COL_LIST:
             hidden = status != 1 if not t.return_expired else status == 0
             for i in np.flatnonzero(hidden).tolist():
@@ -144,11 +149,12 @@ class ValueState(AsyncValueMethods, State):
         O(len(keys)), a few C passes."""
         from cowmap.state.columns import value_column
 
-        ks, kgs, ns = self._column(keys, namespace)
+        loc = self._locations
+        ks, kgs, ns = self._column(keys, namespace, loc)
         vs = value_column(values, len(kgs))
         t = self._t
         maps = self._column_maps(kgs)
-        column_put(maps, kgs, ks, ns, vs, self._kc.now() if t.ttl else NO_TIMESTAMP)
+        column_put(maps, kgs, ks, ns, vs, self._kc.now() if t.ttl else NO_TIMESTAMP, locations=loc)
         self._column_ticks(len(kgs))
 
     def clear_many(self, keys: Any, *, namespace: Any = None) -> None:
