@@ -476,12 +476,19 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
 }
 
 /* INCREF out[start, stop): independent read-modify-writes, prefetched ahead. */
-static void cm_incref_range(PyObject *out, Py_ssize_t start, Py_ssize_t stop) {
+/* The references of the borrowed items [start, stop) of `out`, a tagged int
+ * made an int; -1 (MemoryError) if one cannot be, the items all valid. */
+static int cm_incref_range(PyObject *out, Py_ssize_t start, Py_ssize_t stop) {
     PyObject **items = ((PyListObject *)out)->ob_item;
+    int r = 0;
     for (Py_ssize_t i = start; i < stop; i++) {
-        if (i + 16 < stop) CM_PREFETCH_W(items[i + 16]);
-        Py_INCREF(items[i]);
+        if (i + 16 < stop && !cm_tagged(items[i + 16])) CM_PREFETCH_W(items[i + 16]);
+        if (!cm_tagged(items[i])) { Py_INCREF(items[i]); continue; }
+        PyObject *o = r ? NULL : cm_state_ref(items[i]);
+        if (!o) { r = -1; o = Py_NewRef(Py_None); }
+        items[i] = o;
     }
+    return r;
 }
 
 static Py_ssize_t cm_batch_fast_refs(cm_map *m, const cm_keys *ks, const cm_batch *bt, Py_ssize_t start) {
@@ -495,9 +502,9 @@ static Py_ssize_t cm_batch_fast_refs(cm_map *m, const cm_keys *ks, const cm_batc
             PyObject **items = ((PyListObject *)bt->out_list)->ob_item;
             Py_ssize_t i = start;
             while (i < ks->n && items[i]) i++;
-            cm_incref_range(bt->out_list, start, i);
-        } else {
-            cm_incref_range(bt->out_list, start, stop);
+            (void)cm_incref_range(bt->out_list, start, i);
+        } else if (cm_incref_range(bt->out_list, start, stop) < 0) {
+            stop = -1;
         }
         if (tracked) PyObject_GC_Track(bt->out_list);
     }

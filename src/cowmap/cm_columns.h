@@ -153,9 +153,16 @@ CM_ALWAYS_INLINE static inline void cm_col_hints(const cm_col *c, const cm_probe
 #endif
 }
 
-/* The state to write for row i: a new reference, Py_None for a removal, NULL on error. */
+/* An int state of value v: kept in the entry (cm_tag_int) when it fits, else
+ * a new int; NULL on error. */
+static inline PyObject *cm_col_int(int64_t v) {
+    return cm_taggable(v) ? cm_tag_int(v) : PyLong_FromLongLong(v);
+}
+
+/* The state to write for row i: a new reference (or a tagged int), Py_None
+ * for a removal, NULL on error. */
 static inline PyObject *cm_col_state(const cm_col *c, Py_ssize_t i) {
-    if (c->istates) return PyLong_FromLongLong(c->istates[i]);
+    if (c->istates) return cm_col_int(c->istates[i]);
     if (c->fstates) return PyFloat_FromDouble(c->fstates[i]);
     PyObject *s = c->states[i] ? c->states[i] : Py_None;
     Py_INCREF(s);
@@ -167,10 +174,15 @@ static inline PyObject *cm_col_state(const cm_col *c, Py_ssize_t i) {
  * state is no int of int64, or the result would leave int64). */
 static inline int cm_col_fold_value(const cm_col *c, const cm_entry *e, int64_t *v) {
     if (c->ttl && !c->return_expired && cm_expired(e->ts, c->ttl, c->now)) return 1; /* dropped */
-    if (!PyLong_CheckExact(e->state)) return 0;
-    int overflow = 0;
-    int64_t old = cm_as_int64(e->state, &overflow);
-    if (overflow) return 0;
+    int64_t old;
+    if (cm_tagged(e->state)) {
+        old = cm_tag_value(e->state);
+    } else {
+        if (!PyLong_CheckExact(e->state)) return 0;
+        int overflow = 0;
+        old = cm_as_int64(e->state, &overflow);
+        if (overflow) return 0;
+    }
     if (c->fold == CM_FOLD_ADD) return !__builtin_add_overflow(old, *v, v);
     if ((c->fold == CM_FOLD_MIN) == (old < *v)) *v = old;
     return 1;
@@ -191,25 +203,21 @@ static inline int64_t cm_col_ts(const cm_col *c, Py_ssize_t i) {
 
 /* The new state object of row i (FOLD: the int v), a new reference. */
 static inline PyObject *cm_col_new_state(const cm_col *c, Py_ssize_t i, int64_t v) {
-    return c->op == CM_COL_FOLD ? PyLong_FromLongLong(v) : cm_col_state(c, i);
+    return c->op == CM_COL_FOLD ? cm_col_int(v) : cm_col_state(c, i);
 }
 
-/* Row i's number (FOLD: v) written over the number of the map's own entry w,
- * in place, when nothing but w holds that number (nothing allocated or freed):
- * 1 done (state version and ts set), 0 not (the caller makes a new object). */
-static inline int cm_col_rewrite(cm_map *m, uint32_t w, const cm_col *c, Py_ssize_t i, int64_t v) {
+/* Row i's float written over the float of the map's own entry w, in place,
+ * when nothing but w holds that float (nothing allocated or freed): 1 done
+ * (state version and ts set), 0 not (the caller writes a new state). Ints
+ * need no such thing: they are written into the entry (cm_col_int). */
+static inline int cm_col_rewrite(cm_map *m, uint32_t w, const cm_col *c, Py_ssize_t i) {
     cm_entry *e = cm_E(m, w);
-    if (cm_state_shared(m, e)) return 0;
-    int done = c->op == CM_COL_FOLD ? cm_int_rewrite(e->state, v)
-             : c->istates           ? cm_int_rewrite(e->state, c->istates[i])
-             : c->fstates           ? cm_float_rewrite(e->state, c->fstates[i])
-                                    : 0;
-    if (done) {
-        e->sv = m->version;
-        e->ts = cm_col_ts(c, i);
-        cm_changed(m, w);
-    }
-    return done;
+    if (!c->fstates || cm_state_shared(m, e) || cm_tagged(e->state) || !cm_float_rewrite(e->state, c->fstates[i]))
+        return 0;
+    e->sv = m->version;
+    e->ts = cm_col_ts(c, i);
+    cm_changed(m, w);
+    return 1;
 }
 
 /* Row i of a FOLD in map m: see cm_col. */
@@ -221,7 +229,7 @@ static int cm_col_fold_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssi
     if (loc.found) {
         if (!cm_col_fold_value(c, cm_E(m, loc.idx), &v)) return cm_col_unfit(c, i);
         if (!(w = cm_writable(m, p, &loc))) return -1;
-        if (cm_col_rewrite(m, w, c, i, v)) return 0;
+        if (cm_col_rewrite(m, w, c, i)) return 0;
     }
     PyObject *st = cm_col_new_state(c, i, v);
     if (!st) return -1;
@@ -394,6 +402,11 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (c->locs) c->locs[j] = hi;
         }
         PyObject *st = hit->state;
+        if (cm_tagged(st)) {
+            if (c->iout) { c->iout[j] = cm_tag_value(st); c->status[j] |= CM_ROW_TYPED; continue; }
+            if (!(c->out[j] = cm_state_ref(st))) return -1;
+            continue;
+        }
         if (c->iout && PyLong_CheckExact(st)) { /* a typed read: the number itself, no reference */
             int overflow = 0;
             int64_t v = cm_as_int64(st, &overflow);
@@ -441,7 +454,7 @@ static Py_ssize_t cm_col_put_located(cm_col *c, uint8_t *ok) {
         cm_map *m = c->maps[kg];
         const cm_entry *e = cm_E(m, w);
         if (!cm_intkey(e) || e->key.i != c->ikeys[j]) continue; /* not the read's: cannot be, checked anyway */
-        if (!cm_col_rewrite(m, w, c, j, 0)) {
+        if (!cm_col_rewrite(m, w, c, j)) {
             PyObject *st = cm_col_state(c, j);
             if (!st) return -1;
             cm_set_state(m, w, st, cm_col_ts(c, j));
@@ -501,7 +514,7 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             }
         }
         /* no snapshot is live here: a hit is the map's own entry */
-        if (hit && cm_col_rewrite(m, hit, c, j, fv)) continue;
+        if (hit && cm_col_rewrite(m, hit, c, j)) continue;
         PyObject *st = cm_col_new_state(c, j, fv);
         if (!st) return -1;
         if (!hit && !(hit = cm_add_entry(m, &p, &m->primary))) { cm_grave(m, st); return -1; }

@@ -95,13 +95,17 @@ static int cm_export_numbers(const cm_entry *const *ents, size_t from, size_t to
         /* the entry twice as far ahead (its address is known), then its state
          * once the entry has arrived: the entries of an increment lie scattered */
         if (k + 2u * CM_X_PREFETCH < n) CM_PREFETCH(ents[k + 2u * CM_X_PREFETCH]);
-        if (k + CM_X_PREFETCH < n) CM_PREFETCH(ents[k + CM_X_PREFETCH]->state);
+        if (k + CM_X_PREFETCH < n && !cm_tagged(ents[k + CM_X_PREFETCH]->state))
+            CM_PREFETCH(ents[k + CM_X_PREFETCH]->state);
         const cm_entry *e = ents[k];
         if (cm_intkey(e)) keys[k] = e->key.i; else f &= ~CM_X_KEYS_INT;
         if (e->ns != ns0) f &= ~CM_X_NS_SAME;
         if ((f & CM_X_NS_INT) && !cm_export_int(e->ns, &nss[k])) f &= ~CM_X_NS_INT;
         PyObject *st = e->state;
-        if (PyLong_CheckExact(st)) {
+        if (cm_tagged(st)) {
+            states[k] = cm_tag_value(st);
+            f &= ~CM_X_STATES_FLOAT;
+        } else if (PyLong_CheckExact(st)) {
             if (!cm_export_int(st, &states[k])) f &= ~CM_X_STATES_INT;
             f &= ~CM_X_STATES_FLOAT;
         } else if (PyFloat_CheckExact(st)) {
@@ -127,8 +131,8 @@ static PyObject *cm_export_list(const cm_entry *const *ents, size_t n, int field
             o = cm_entry_key(e);
             if (!o) { Py_DECREF(out); return NULL; }
         } else {
-            o = field == 1 ? e->ns : e->state;
-            Py_INCREF(o);
+            o = field == 1 ? Py_NewRef(e->ns) : cm_state_ref(e->state);
+            if (!o) { Py_DECREF(out); return NULL; }
         }
         PyList_SET_ITEM(out, (Py_ssize_t)k, o);
     }

@@ -323,11 +323,35 @@ CM_ALWAYS_INLINE static inline int cm_prefetch_past_head(const cm_map *m, const 
     return 1;
 }
 
+/* An int state kept in the entry itself, with no int object: the `state`
+ * pointer's low bit set (an object's address is even), the value in the other
+ * 63 bits. The column writes store int64 numbers so (cm_tag_int), which makes
+ * a column read, fold or checkpoint export of them touch the entry alone,
+ * never an object elsewhere in memory; anything that hands a state to Python
+ * makes it an int there (cm_state_ref). Only maps written by the column calls
+ * (CopyOnWriteStateMap) hold them, never FlatStateMap. */
+#define CM_TAG_MIN (-((int64_t)1 << 62))
+#define CM_TAG_MAX (((int64_t)1 << 62) - 1)
+static inline int cm_tagged(const void *s) { return ((uintptr_t)s & 1u) != 0; }
+static inline int64_t cm_tag_value(const void *s) { return (int64_t)(intptr_t)s >> 1; }
+/* v within [CM_TAG_MIN, CM_TAG_MAX] */
+static inline PyObject *cm_tag_int(int64_t v) { return (PyObject *)(uintptr_t)(((uint64_t)v << 1) | 1u); }
+static inline int cm_taggable(int64_t v) { return v >= CM_TAG_MIN && v <= CM_TAG_MAX; }
+
+/* A new reference to state s: s itself, or a tagged int made an int. NULL
+ * (MemoryError) only for a tagged int. */
+static inline PyObject *cm_state_ref(PyObject *s) {
+    if (cm_tagged(s)) return PyLong_FromLongLong(cm_tag_value(s));
+    Py_INCREF(s);
+    return s;
+}
+
 /* Release a reference a map held. A DECREF that cannot free the object runs
  * no Python code, so it is done now, while the object is likely in cache; a
  * last reference waits in `grave` until the map is consistent again
  * (cm_grave_empty, from cm_leave or fm_leave). */
 static inline void cm_bury(cm_ptrvec *grave, PyObject *o) {
+    if (cm_tagged(o)) return; /* no object */
     if (Py_REFCNT(o) > 1) {
         Py_DECREF(o);
         return;
@@ -361,7 +385,7 @@ static inline void cm_bit_set(uint64_t *bits, uint32_t i) { bits[i >> 6] |= (uin
  * but the immutable built-ins): such a read counts as a write for the changes
  * since a cut, as the caller may mutate the object without writing it back. */
 static inline int cm_mutable_state(PyObject *o) {
-    return !(o == Py_None || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) ||
+    return !(cm_tagged(o) || o == Py_None || PyLong_CheckExact(o) || PyFloat_CheckExact(o) || PyUnicode_CheckExact(o) ||
              PyBytes_CheckExact(o) || PyTuple_CheckExact(o) || PyBool_Check(o));
 }
 

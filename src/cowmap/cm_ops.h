@@ -252,7 +252,7 @@ static inline int cm_state_shared(const cm_map *m, const cm_entry *e) {
 static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) {
     cm_entry *e = cm_E(m, loc->idx);
     if (m->dirty && cm_mutable_state(e->state)) cm_changed(m, loc->idx); /* a copy below takes the mark */
-    if (m->copier && e->state != Py_None && cm_state_shared(m, e)) {
+    if (m->copier && e->state != Py_None && !cm_tagged(e->state) && cm_state_shared(m, e)) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
         uint32_t w = cm_writable(m, p, loc);
@@ -262,15 +262,14 @@ static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) 
         e->state = c;
         e->sv = m->version;
     }
-    Py_INCREF(e->state);
-    return e->state;
+    return cm_state_ref(e->state);
 }
 
 /* New reference to a state about to be handed out as "old": a copy if shared. */
 static PyObject *cm_old_state(cm_map *m, const cm_entry *e) {
-    if (m->copier && e->state != Py_None && cm_state_shared(m, e)) return PyObject_CallOneArg(m->copier, e->state);
-    Py_INCREF(e->state);
-    return e->state;
+    if (m->copier && e->state != Py_None && !cm_tagged(e->state) && cm_state_shared(m, e))
+        return PyObject_CallOneArg(m->copier, e->state);
+    return cm_state_ref(e->state);
 }
 
 /* Replace the state of writable entry w (steals `state`). */

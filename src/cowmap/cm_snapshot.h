@@ -232,10 +232,10 @@ static PyObject *cm_entry_key(const cm_entry *e) {
 /* References are taken before the tuple is allocated: that allocation may run
  * a GC pass whose finalizers release the snapshot this entry belongs to. */
 static PyObject *cm_entry_tuple(const cm_entry *e, int with_ts) {
-    PyObject *ns = e->ns, *state = e->state;
+    PyObject *ns = e->ns, *state = cm_state_ref(e->state); /* a tagged int's object: no GC */
     long long ts = (long long)e->ts;
+    if (!state) return NULL;
     Py_INCREF(ns);
-    Py_INCREF(state);
     PyObject *k = cm_entry_key(e);
     if (!k) { Py_DECREF(ns); Py_DECREF(state); return NULL; }
     if (with_ts) return Py_BuildValue("(NNNL)", k, ns, state, ts);

@@ -149,7 +149,7 @@ static uint32_t cm_entry_copy(cm_map *m, uint32_t i, PyObject *state) {
     if (!cm_intkey(dst)) Py_INCREF(dst->key.obj);
     Py_INCREF(dst->ns);
     if (state) { dst->state = state; dst->sv = m->version; }
-    else Py_INCREF(dst->state);
+    else if (!cm_tagged(dst->state)) Py_INCREF(dst->state);
     return j;
 }
 

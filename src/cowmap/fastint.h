@@ -60,32 +60,11 @@ static inline int64_t cm_as_int64(PyObject *o, int *overflow) {
     return (int64_t)PyLong_AsLongLongAndOverflow(o, overflow);
 }
 
-/* Rewrite, in place, the value of an int or float that nothing but the caller
- * can see (exact type, one reference: the caller's), so a column of numbers
- * written over numbers of the same size allocates nothing and frees nothing.
- * 1 done, 0 not (another size or type, another holder, another layout): the
- * caller then makes a new object. Ints: CPython 3.11's digit array, the same
- * digit count and n <= 3 (values below 2**63 in magnitude); other versions
- * make a new int. */
-static inline int cm_int_rewrite(PyObject *o, int64_t v) {
-#if CM_LONG_DIGITS_311
-    if (Py_REFCNT(o) != 1 || !PyLong_CheckExact(o) || v == INT64_MIN) return 0;
-    uint64_t u = v < 0 ? (uint64_t)(-v) : (uint64_t)v;
-    Py_ssize_t n = u == 0 ? 0 : u < ((uint64_t)1 << 30) ? 1 : u < ((uint64_t)1 << 60) ? 2 : 3;
-    Py_ssize_t size = Py_SIZE(o);
-    if ((size < 0 ? -size : size) != n || n == 0) return 0;
-    digit *d = ((PyLongObject *)o)->ob_digit;
-    d[0] = (digit)(u & PyLong_MASK);
-    if (n > 1) d[1] = (digit)((u >> 30) & PyLong_MASK);
-    if (n > 2) d[2] = (digit)(u >> 60);
-    Py_SET_SIZE(o, v < 0 ? -n : n);
-    return 1;
-#else
-    (void)o; (void)v;
-    return 0;
-#endif
-}
-
+/* Rewrite, in place, the value of a float that nothing but the caller can
+ * see (exact type, one reference: the caller's), so a column of floats
+ * written over floats allocates nothing and frees nothing. 1 done, 0 not
+ * (another type, another holder, no CPython internals): the caller then
+ * makes a new object. */
 static inline int cm_float_rewrite(PyObject *o, double v) {
 #if CM_CPYTHON_INTERNALS
     if (Py_REFCNT(o) != 1 || !PyFloat_CheckExact(o)) return 0;

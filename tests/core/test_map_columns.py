@@ -21,6 +21,7 @@ from cowmap._core import (
     COL_INT64,
     COL_LIST,
     EXPIRED,
+    FOLD_ADD,
     NO_TIMESTAMP,
     PLAIN_BATCH,
     ColumnLocations,
@@ -529,3 +530,87 @@ def test_locations_of_other_keys_or_another_namespace_are_not_used() -> None:
     assert loc.written == (0 if PLAIN_BATCH else 10)  # the plain build looks every row up
     assert [maps[k % NMAPS].get(k, NS) for k in range(10)] == [k + 7 for k in range(10)]
     assert [maps[k % NMAPS].get(k, "other") for k in range(10)] == list(range(10))
+
+
+# an int64 column's ints are kept in the entries: every way out gives them back as ints
+EDGE_INTS = [0, 1, -1, 255, 257, -6, 2**30, -(2**30), 2**62 - 1, 2**62, -(2**62), -(2**62) - 1, 2**63 - 1, -(2**63)]
+
+
+def test_ints_written_by_a_column_read_back_as_ints_everywhere() -> None:
+    from cowmap._core import snapshot_columns
+
+    n = len(EDGE_INTS)
+    ks = np.arange(n, dtype=np.int64)
+    kgs = np.zeros(n, dtype=np.int32)
+    m = CopyOnWriteStateMap(capacity=64, copier=lambda s: s)
+    column_put([m], kgs, ks, NS, np.array(EDGE_INTS, dtype=np.int64), 5)
+    want = {k: v for k, v in enumerate(EDGE_INTS)}
+
+    def same(got: Any, v: int) -> bool:
+        return type(got) is int and got == v
+
+    assert all(same(m.get(k, NS), v) for k, v in want.items())
+    assert all(m.get_with_timestamp(k, NS) == (v, 5) for k, v in want.items())
+    assert all(same(m.get_unexpired(k, NS, 6, 100), v) for k, v in want.items())
+    for got, v in zip(m.get_many(ks, NS), EDGE_INTS):  # the pipelined batch read
+        assert same(got, v)
+    for got, v in zip(m.get_many(list(range(n)), NS), EDGE_INTS):  # the general one
+        assert same(got, v)
+    vals, _ = column_get([m], kgs, ks, NS, out_type=COL_LIST)
+    assert vals == EDGE_INTS and all(type(v) is int for v in vals)
+    ivals, _ = column_get([m], kgs, ks, NS, out_type=COL_INT64, default=0)
+    assert ivals.tolist() == EDGE_INTS
+    fvals, _ = column_get([m], kgs, ks, NS, out_type=COL_FLOAT64)
+    assert fvals.tolist() == [float(v) for v in EDGE_INTS]
+    assert sorted((k, s) for k, _, s in m) == sorted(want.items())
+    with m.snapshot() as snap:
+        assert sorted((k, s, ts) for k, _, s, ts in snap.iter_with_timestamps()) == [
+            (k, v, 5) for k, v in sorted(want.items())
+        ]
+        keys, _, states, _ = snapshot_columns(snap, NS)
+        assert dict(zip(list(keys), list(states))) == want
+        column_put([m], kgs, ks, NS, ks * 7, 9)  # copy-on-write: the snapshot keeps its ints
+        assert sorted((k, s) for k, _, s, _ in snap.iter_with_timestamps()) == sorted(want.items())
+    assert all(same(m.get(k, NS), 7 * k) for k in range(n))
+    column_put([m], kgs, ks, NS, np.array(EDGE_INTS, dtype=np.int64), 5)
+    assert same(m.put_and_get_old(0, NS, "x"), EDGE_INTS[0])
+    assert same(m.remove_and_get_old(1, NS), EDGE_INTS[1])
+    m.transform(2, NS, 10, lambda old, v: old + v)
+    assert same(m.get(2, NS), EDGE_INTS[2] + 10)
+    m.set_timestamp(0, NS, 2000)
+    m.set_timestamp(2, NS, 2000)
+    removed: list[Any] = []
+    assert m.sweep_expired(1000, 10, None, removed) == n - 3  # what was written at 5 and is still there
+    assert sorted((k, s) for k, _, s in removed) == [(k, v) for k, v in sorted(want.items()) if k >= 3]
+    assert all(type(s) is int for k, _, s in removed)
+    assert sorted(k for k, _, _ in m) == [0, 2]
+
+
+def test_ints_folded_or_written_by_columns_leak_nothing_when_overwritten() -> None:
+    import gc
+    import tracemalloc
+
+    m = CopyOnWriteStateMap(capacity=64)
+    ks = np.arange(500, dtype=np.int64)
+    kgs = np.zeros(500, dtype=np.int32)
+    big = np.full(500, 10**15, dtype=np.int64)
+
+    def cycle() -> None:
+        column_put([m], kgs, ks, NS, big)  # ints in the entries
+        m.put_many(list(range(250)), NS, [10**15 + i for i in range(250)])  # objects over half
+        column_fold([m], kgs, ks, NS, big, FOLD_ADD)
+        column_put([m], kgs, ks, NS, tuple(range(500)))  # objects over all
+        with m.snapshot():
+            column_put([m], kgs, ks, NS, big)  # copies keep the snapshot's objects
+
+    for _ in range(3):
+        cycle()
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    for _ in range(30):
+        cycle()
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    assert grown < 64 * 1024, grown
