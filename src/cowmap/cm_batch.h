@@ -84,7 +84,7 @@ CM_ALWAYS_INLINE static inline void cm_hint_at(const cm_map *m, uint32_t h, int 
     if (!i) return;
     if (stage == 1) { cm_prefetch_entry(m, i); return; }
     const cm_entry *e = cm_E(m, i);
-    if (!cm_prefetch_past_head(m, e, h) && e->state) CM_PREFETCH_W(e->state);
+    if (!cm_prefetch_past_head(m, e, h) && e->state) cm_prefetch_state(e->state);
 #else
     (void)m; (void)h; (void)stage;
 #endif
@@ -166,7 +166,7 @@ static inline void cm_pf_step(const cm_map *m, const cm_keys *ks, Py_ssize_t i, 
          * the chain (its hash differs), else the state a get will INCREF */
         uint32_t h = pf->h[j & (CM_PF_RING - 1u)];
         uint32_t e = cm_pf_head(m, h);
-        if (e && !cm_prefetch_past_head(m, cm_E(m, e), h) && want_state) CM_PREFETCH(cm_E(m, e)->state);
+        if (e && !cm_prefetch_past_head(m, cm_E(m, e), h) && want_state) cm_prefetch_state(cm_E(m, e)->state);
     }
 }
 
@@ -337,7 +337,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
             uint32_t e = cm_pf_head(m, h);
             /* a put under a live snapshot copies the head too (its state gains a reference) */
             if (e && cm_prefetch_past_head(m, cm_E(m, e), h) && m->required)
-                CM_PREFETCH_W(cm_E(m, e)->state);
+                cm_prefetch_state(cm_E(m, e)->state);
         }
         j = i - (Py_ssize_t)CM_FD;
         if (j < start) continue;
@@ -383,7 +383,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
         if (hit->state != ns_state) {
             PyObject *old = hit->state;
             hit->state = ns_state;
-            CM_PREFETCH_W(old);
+            cm_prefetch_state(old);
             PyObject **lp = &late[nlate++ & (CM_FLATE - 1u)];
             if (*lp) cm_grave(m, *lp);
             *lp = old;

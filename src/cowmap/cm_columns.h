@@ -144,7 +144,7 @@ CM_ALWAYS_INLINE static inline void cm_col_hints(const cm_col *c, const cm_probe
             if (slot && *slot) {
                 const cm_entry *e = cm_E(m, *slot);
                 if (!cm_prefetch_past_head(m, e, h) && (c->op == CM_COL_GET || c->op == CM_COL_FOLD))
-                    CM_PREFETCH_W(e->state);
+                    cm_prefetch_state(e->state);
             }
         }
     }
@@ -307,7 +307,7 @@ CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r) {
 CM_ALWAYS_INLINE static inline void cm_crow_next(const cm_crow *r) {
     const cm_entry *x = r->head;
     if (x && !cm_hash_is(x, r->h)) { if (x->next) cm_prefetch_entry(r->m, x->next); }
-    else if (x) CM_PREFETCH_W(x->state);
+    else if (x) cm_prefetch_state(x->state);
 }
 
 
@@ -444,9 +444,7 @@ static Py_ssize_t cm_col_put_located(cm_col *c, uint8_t *ok) {
     }
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_LD; i++) {
         if (i < n && c->locs[i] && ok[c->kgs[i]]) cm_prefetch_entry(c->maps[c->kgs[i]], c->locs[i]);
-        Py_ssize_t j = i - (Py_ssize_t)(CM_LD / 2);
-        if (j >= 0 && j < n && c->locs[j] && ok[c->kgs[j]]) CM_PREFETCH_W(cm_E(c->maps[c->kgs[j]], c->locs[j])->state);
-        j = i - (Py_ssize_t)CM_LD;
+        Py_ssize_t j = i - (Py_ssize_t)CM_LD;
         if (j < 0) continue;
         uint32_t w = c->locs[j];
         int32_t kg = c->kgs[j];

@@ -338,6 +338,12 @@ static inline int64_t cm_tag_value(const void *s) { return (int64_t)(intptr_t)s 
 static inline PyObject *cm_tag_int(int64_t v) { return (PyObject *)(uintptr_t)(((uint64_t)v << 1) | 1u); }
 static inline int cm_taggable(int64_t v) { return v >= CM_TAG_MIN && v <= CM_TAG_MAX; }
 
+/* Request state s's object for a write (its refcount), when it is one: a
+ * tagged int is no address, and a prefetch of one costs a page walk. */
+CM_ALWAYS_INLINE static inline void cm_prefetch_state(const PyObject *s) {
+    if (!cm_tagged(s)) CM_PREFETCH_W(s);
+}
+
 /* A new reference to state s: s itself, or a tagged int made an int. NULL
  * (MemoryError) only for a tagged int. */
 static inline PyObject *cm_state_ref(PyObject *s) {

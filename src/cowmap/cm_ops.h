@@ -99,7 +99,7 @@ static inline int cm_find(const cm_map *m, const cm_table *t, const cm_probe *p,
     uint32_t i = cm_slot_get(t, p->hash & (t->capacity - 1u)), pr = 0;
     while (i) {
         const cm_entry *e = cm_E(m, i);
-        CM_PREFETCH_W(e->state); /* a hit will INCREF it: overlap that miss with the compare */
+        cm_prefetch_state(e->state); /* a hit will INCREF it: overlap that miss with the compare */
         int r = cm_match(e, p);
         if (r) {
             if (r < 0) return -1;
@@ -273,7 +273,7 @@ static PyObject *cm_old_state(cm_map *m, const cm_entry *e) {
 }
 
 /* Replace the state of writable entry w (steals `state`). */
-static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t ts) {
+CM_ALWAYS_INLINE static inline void cm_set_state(cm_map *m, uint32_t w, PyObject *state, int64_t ts) {
     cm_entry *e = cm_E(m, w);
     PyObject *old = e->state;
     cm_changed(m, w);

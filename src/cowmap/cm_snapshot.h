@@ -126,7 +126,7 @@ static void cm_reclaim_some(cm_map *m, size_t budget) {
             /* the entries are scattered, and freeing one reads it and releases
              * its state: prefetch the entries 16 ahead and the states 8 ahead */
             if (b->ents.n > 16) cm_prefetch_entry(m, b->ents.a[b->ents.n - 17]);
-            if (b->ents.n > 8) CM_PREFETCH_W(cm_E(m, b->ents.a[b->ents.n - 9])->state);
+            if (b->ents.n > 8) cm_prefetch_state(cm_E(m, b->ents.a[b->ents.n - 9])->state);
             uint32_t e = b->ents.a[--b->ents.n];
             budget--; m->rq_items--;
             if (older && cm_ev(cm_E(m, e)) < older->version) {
