@@ -7,6 +7,7 @@ import operator
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pytest
 from columns_harness import (
     MAX_PAR,
@@ -152,6 +153,13 @@ def test_reducing_get_many_dtype() -> None:
         ),
         ("get_map_state", MapStateDescriptor("s"), lambda s: s.put_many([1, 2], [1, None], [1, 2]), TypeError, "None"),
         ("get_map_state", MapStateDescriptor("s"), lambda s: s.put_many([1, 2], [1, [2]], [1, 2]), TypeError, "hash"),
+        (  # a nullable numeric column's missing user key
+            "get_map_state",
+            MapStateDescriptor("s"),
+            lambda s: s.put_many(np.array([1, 2]), pd.array([1, None], dtype="Int64"), [1, 2]),
+            TypeError,
+            r"user_keys\[1\] is None",
+        ),
         ("get_map_state", MapStateDescriptor("s"), lambda s: s.put_many([1, 2], [1], [1, 2]), ValueError, "length"),
         ("get_list_state", ListStateDescriptor("s"), lambda s: s.add_many([1, 2], [1]), ValueError, "length"),
         ("get_list_state", ListStateDescriptor("s"), lambda s: s.add_many([[1], 2], [1, 2]), TypeError, r"keys\[0\]"),

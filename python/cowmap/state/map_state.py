@@ -259,6 +259,14 @@ class MapState(AsyncMapMethods, State):
         from cowmap.state.columns import value_list
 
         uks = value_list(user_keys, n, "user_keys")
+        if getattr(getattr(user_keys, "dtype", None), "kind", "O") in "iufb":
+            # numbers are hashable: only a nullable column's missing values (None here) are refused
+            nones = positions(uks, None)
+            if nones:
+                raise TypeError(
+                    f"user_keys[{nones[0]}] is None: MapState user keys must not be None; nothing was written"
+                )
+            return uks
         for i, uk in enumerate(uks):
             if uk is None:
                 raise TypeError(f"user_keys[{i}] is None: MapState user keys must not be None; nothing was written")
