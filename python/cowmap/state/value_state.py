@@ -143,8 +143,10 @@ class ValueState(AsyncValueMethods, State):
     def update_many(self, keys: Any, values: Any, *, namespace: Any = None) -> None:
         """``update(v)`` for every row of the columns ``keys`` and ``values``, in
         order (a later row of the same key wins; a None value clears), without
-        changing the current key. Integer and float columns are stored as Python
-        ints and floats. ``ValueError`` for columns of different lengths, and
+        changing the current key. Integer and float columns read back as Python
+        ints and floats. Right after ``get_many`` of the same int64 keys (a
+        read-modify-write) the rows it found are written without a lookup.
+        ``ValueError`` for columns of different lengths, and
         for bad keys as :meth:`get_many`, before anything is written.
         O(len(keys)), a few C passes."""
         from cowmap.state.columns import value_column
