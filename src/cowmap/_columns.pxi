@@ -103,7 +103,8 @@ cdef class ColumnLocations:
     rows count while the map has had no entry added or removed and no snapshot
     taken since the read (checked per row as the write runs); any other row is
     looked up as usual, so a stale or foreign one costs time, never a wrong
-    write. Holds a copy of the keys and the read's maps."""
+    write. Holds a copy of the keys, never the maps (a map replaced since, by a
+    restore say, is told from its successor by its serial)."""
     cdef object keys        # int64 copy of the read's keys; None: nothing held
     cdef object kgs
     cdef object ns
@@ -111,7 +112,6 @@ cdef class ColumnLocations:
     cdef uint32_t[::1] locs
     cdef cm_colmark *marks
     cdef Py_ssize_t nmaps
-    cdef list held          # the read's maps, alive so that no other map takes their address
     cdef readonly Py_ssize_t written  # rows the last column_put given these wrote through them
 
     def __dealloc__(self):
@@ -122,7 +122,7 @@ cdef class ColumnLocations:
         import numpy as np
         cdef Py_ssize_t n = col.c.n
         self.keys = None
-        if self.nmaps != col.c.nmaps:
+        if self.marks == NULL or self.nmaps != col.c.nmaps:
             PyMem_Free(self.marks)
             self.nmaps = 0
             self.marks = <cm_colmark *>PyMem_Calloc(col.c.nmaps if col.c.nmaps else 1, sizeof(cm_colmark))
@@ -139,7 +139,6 @@ cdef class ColumnLocations:
         col.c.marks = self.marks
         self.kgs = kgs
         self.ns = namespace
-        self.held = col.held
         return 0
 
     cdef bint _matches(self, object keys, object namespace):
@@ -157,9 +156,8 @@ cdef class ColumnLocations:
         return self.kgs if self._matches(keys, namespace) else None
 
     def clear(self):
-        """Forget the last read (its keys, maps and locations)."""
+        """Forget the last read (its keys and locations)."""
         self.keys = self.kgs = self.ns = None
-        self.held = None
 
 
 cdef object _not_numeric(_Column col, Py_ssize_t i, object state, str want, str dtype):

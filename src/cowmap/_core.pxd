@@ -97,6 +97,7 @@ cdef extern from "cowmap_core.h":
     int CM_FOLD_ADD, CM_FOLD_MIN, CM_FOLD_MAX
     ctypedef struct cm_colmark:
         const cm_map *m
+        uint64_t serial
         uint64_t mod
         uint32_t version
     ctypedef struct cm_col:

@@ -475,9 +475,9 @@ static Py_ssize_t cm_batch_fast(cm_map *m, const cm_keys *ks, const cm_batch *bt
     return r;
 }
 
-/* INCREF out[start, stop): independent read-modify-writes, prefetched ahead. */
-/* The references of the borrowed items [start, stop) of `out`, a tagged int
- * made an int; -1 (MemoryError) if one cannot be, the items all valid. */
+/* INCREF the borrowed items out[start, stop) (independent read-modify-writes,
+ * prefetched ahead), a tagged int made an int; -1 (MemoryError) if one cannot
+ * be, the items all valid (None in its place). */
 static int cm_incref_range(PyObject *out, Py_ssize_t start, Py_ssize_t stop) {
     PyObject **items = ((PyListObject *)out)->ob_item;
     int r = 0;

@@ -71,14 +71,16 @@ typedef struct {
     Py_ssize_t located;     /* PUT: the rows written through locs */
 } cm_col;
 
-/* A map as a GET left it: the same map, with no entry added or removed
- * (mod_count) and no snapshot taken (version) since, so every entry the GET
- * found is still the live map's entry at the same index. m NULL: the GET's
- * rows of this map have no locations (it was rehashing, had a live snapshot,
- * or some of its rows went the general way). */
+/* A map as a GET left it: the same map (address and serial: the mark holds
+ * no reference, and the map may have been freed since), with no entry added
+ * or removed (mod_count) and no snapshot taken (version) since, so every
+ * entry the GET found is still the live map's entry at the same index. m
+ * NULL: the GET's rows of this map have no locations (it was rehashing, had
+ * a live snapshot, or some of its rows went the general way). Only compared,
+ * never followed. */
 typedef struct cm_colmark {
     const cm_map *m;
-    uint64_t mod;
+    uint64_t serial, mod;
     uint32_t version;
 } cm_colmark;
 
@@ -310,8 +312,6 @@ CM_ALWAYS_INLINE static inline void cm_crow_next(const cm_crow *r) {
     else if (x) cm_prefetch_state(x->state);
 }
 
-
-
 /* Whether the fast read can take rows of map m: nothing of it can move or be
  * copied by a read (no rehash running; no copy-on-read, which a copier and a
  * live snapshot would make). */
@@ -439,8 +439,8 @@ static Py_ssize_t cm_col_put_located(cm_col *c, uint8_t *ok) {
     for (Py_ssize_t k = 0; k < c->nmaps; k++) {
         const cm_map *m = c->maps[k];
         const cm_colmark *mk = &c->marks[k];
-        ok[k] = m && mk->m == m && mk->mod == m->mod_count && mk->version == m->version &&
-                cm_col_fast_write_map(m);
+        ok[k] = m && mk->m == m && mk->serial == m->serial && mk->mod == m->mod_count &&
+                mk->version == m->version && cm_col_fast_write_map(m);
     }
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_LD; i++) {
         if (i < n && c->locs[i] && ok[c->kgs[i]]) cm_prefetch_entry(c->maps[c->kgs[i]], c->locs[i]);
@@ -584,7 +584,8 @@ static int cm_col_run(cm_col *c) {
         Py_ssize_t done = 0;
         if (c->op == CM_COL_PUT && c->locs && c->marks && cm_col_no_removal(c)) {
             /* slow, all zeros, lends its room to the located rows' maps */
-            done = c->located = cm_col_put_located(c, slow);
+            done = cm_col_put_located(c, slow);
+            c->located = done > 0 ? done : 0;
             memset(slow, 0, (size_t)(c->nmaps ? c->nmaps : 1));
         }
         if (done < 0 || (done < c->n && (c->op == CM_COL_GET ? cm_col_read_fast(c, hn, slow)
@@ -619,6 +620,7 @@ static int cm_col_run(cm_col *c) {
             const cm_map *m = c->maps[k];
             int held = m && rows[k] && slow && !slow[k] && cm_col_fast_write_map(m);
             c->marks[k].m = held ? m : NULL;
+            c->marks[k].serial = held ? m->serial : 0;
             c->marks[k].mod = held ? m->mod_count : 0;
             c->marks[k].version = held ? m->version : 0;
         }

@@ -146,6 +146,7 @@ typedef struct {
     uint32_t version;     /* Flink's stateMapVersion */
     uint32_t required;    /* highest version a live snapshot needs, 0 = none */
     uint64_t mod_count;   /* structural changes, for iterators */
+    uint64_t serial;      /* unique among the maps of the process (cm_init): a map at a freed one's address is another */
     cm_entry **chunks;
     uint32_t nchunks, chunks_cap;
     uint32_t next_unused; /* next never-used entry index */

@@ -16,8 +16,11 @@
 
 /* ------------------------------------------------------------ lifecycle */
 
+static uint64_t cm_serials; /* maps made so far (under the GIL) */
+
 static int cm_init(cm_map *m, uint32_t capacity) {
     memset(m, 0, sizeof(*m));
+    m->serial = ++cm_serials;
     if (capacity < CM_MIN_CAPACITY) capacity = CM_MIN_CAPACITY;
     if (capacity > CM_MAX_CAPACITY) capacity = CM_MAX_CAPACITY;
     uint32_t c = CM_MIN_CAPACITY;

@@ -530,6 +530,13 @@ def test_locations_of_other_keys_or_another_namespace_are_not_used() -> None:
     assert loc.written == (0 if PLAIN_BATCH else 10)  # the plain build looks every row up
     assert [maps[k % NMAPS].get(k, NS) for k in range(10)] == [k + 7 for k in range(10)]
     assert [maps[k % NMAPS].get(k, "other") for k in range(10)] == list(range(10))
+    # the maps replaced (a restore): the locations hold none of them, and the new ones are told apart
+    column_get(maps, kgs, ks, NS, out_type=COL_INT64, default=0, locations=loc)
+    del maps[:]
+    maps += [CopyOnWriteStateMap(capacity=4) for _ in range(NMAPS)]
+    column_put(maps, kgs, ks, NS, ks, locations=loc)
+    assert loc.written == 0
+    assert [maps[k % NMAPS].get(k, NS) for k in range(10)] == list(range(10))
 
 
 # an int64 column's ints are kept in the entries: every way out gives them back as ints
