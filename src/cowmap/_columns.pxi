@@ -108,34 +108,35 @@ cdef class ColumnLocations:
     cdef object keys        # int64 copy of the read's keys; None: nothing held
     cdef object kgs
     cdef object ns
+    # The buffers a call writes or reads through C pointers. A call holds its
+    # own references to them while it runs: Python code it runs (a namespace's
+    # __eq__) may start another read here, which then takes new buffers, and
+    # bumps gen so the first read knows its locations no longer stand.
     cdef object locs_arr    # uint32, one per row: the entry index, 0 = none
-    cdef uint32_t[::1] locs
+    cdef object marks_arr   # bytes of one cm_colmark per map
+    cdef uint32_t *locs
     cdef cm_colmark *marks
-    cdef Py_ssize_t nmaps
+    cdef Py_ssize_t n, nmaps
+    cdef unsigned long gen
     cdef readonly Py_ssize_t written  # rows the last column_put given these wrote through them
 
-    def __dealloc__(self):
-        PyMem_Free(self.marks)
-
     cdef int _begin(self, _Column col, object kgs, object namespace) except -1:
-        """Set col up to record its rows' locations (an int64 read), forgetting the last read's."""
+        """Set col up to record its rows' locations (an int64 read) in new
+        buffers, forgetting the last read's."""
         import numpy as np
-        cdef Py_ssize_t n = col.c.n
+        cdef uint32_t[::1] lv
+        cdef uint8_t[::1] mv
         self.keys = None
-        if self.marks == NULL or self.nmaps != col.c.nmaps:
-            PyMem_Free(self.marks)
-            self.nmaps = 0
-            self.marks = <cm_colmark *>PyMem_Calloc(col.c.nmaps if col.c.nmaps else 1, sizeof(cm_colmark))
-            if self.marks == NULL:
-                raise MemoryError()
-            self.nmaps = col.c.nmaps
-        memset(self.marks, 0, (self.nmaps if self.nmaps else 1) * sizeof(cm_colmark))
-        if self.locs_arr is None or self.locs.shape[0] != n:
-            self.locs_arr = np.zeros(n if n else 1, dtype=np.uint32)
-            self.locs = self.locs_arr
-        else:
-            self.locs_arr.fill(0)
-        col.c.locs = &self.locs[0]
+        self.gen += 1
+        self.locs_arr = np.zeros(col.c.n if col.c.n else 1, dtype=np.uint32)
+        self.marks_arr = np.zeros((col.c.nmaps if col.c.nmaps else 1) * sizeof(cm_colmark), dtype=np.uint8)
+        lv = self.locs_arr
+        mv = self.marks_arr
+        self.locs = &lv[0]
+        self.marks = <cm_colmark *>&mv[0]  # numpy's buffers are aligned for 8-byte fields
+        self.n = col.c.n
+        self.nmaps = col.c.nmaps
+        col.c.locs = self.locs
         col.c.marks = self.marks
         self.kgs = kgs
         self.ns = namespace
@@ -236,13 +237,17 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
         values = np.empty(n, dtype=np.float64)
         fv = values
         col.c.fout = &fv[0] if n else NULL
+    cdef unsigned long gen = 0
+    held = None
     if locations is not None:
         locations.clear()
         if col.c.ikeys != NULL:
             locations._begin(col, kgs, namespace)
+            held = (locations.locs_arr, locations.marks_arr)  # alive for the run (see ColumnLocations)
+            gen = locations.gen
     try:
         cm_col_run(&col.c)
-        if col.c.locs != NULL:
+        if col.c.locs != NULL and locations.gen == gen:  # else a read started meanwhile: none stand
             locations.keys = np.array(keys, dtype=np.int64, copy=True)
         if out_type == COL_LIST:
             lst = _list_new(n)
@@ -319,10 +324,12 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
     Not atomic: when a row fails, the rows before it are written. O(len(keys))."""
     cdef _Column col = _Column()
     col.setup(CM_COL_PUT, maps, kgs, keys, namespace)
+    held = None
     if locations is not None:
         locations.written = 0
-        if locations._matches(keys, namespace) and locations.nmaps == col.c.nmaps:
-            col.c.locs = &locations.locs[0]
+        if locations._matches(keys, namespace) and locations.nmaps == col.c.nmaps and locations.n == col.c.n:
+            held = (locations.locs_arr, locations.marks_arr)  # alive for the run (see ColumnLocations)
+            col.c.locs = locations.locs
             col.c.marks = locations.marks
     cdef Py_ssize_t i, n = col.c.n
     cdef const int64_t[::1] iv

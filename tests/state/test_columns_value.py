@@ -223,6 +223,40 @@ def test_hostile_callbacks_and_threads_get_clear_errors() -> None:
     assert sorted(k.k for k in b.keys("v") if isinstance(k, Slow)) == [1, 2]
 
 
+def test_a_read_started_inside_a_read_leaves_no_locations_to_trust() -> None:
+    """A namespace whose __eq__ runs another get_many on the same state while a
+    get_many of int64 keys is under way: the inner read is refused (the maps are
+    busy), the outer one fails with it, and the update_many that follows looks
+    its rows up again and writes every one of them."""
+
+    class Window:
+        """Equal to another Window of the same name, but never the same object."""
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __hash__(self) -> int:
+            return hash(self.name)
+
+        def __eq__(self, other: object) -> bool:
+            if isinstance(other, Window) and reenter:
+                reenter.pop()
+                s.get_many(np.arange(50, dtype=np.int64) + 1000, namespace=Window("w"))
+            return isinstance(other, Window) and other.name == self.name
+
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v", default_value=0))
+    keys = np.arange(200, dtype=np.int64)
+    s.update_many(keys, keys, namespace=Window("w"))  # stored with one Window object
+    reenter = [True]
+    with pytest.raises(RuntimeError, match="re-entrantly"):
+        s.get_many(keys, namespace=Window("w"), dtype=np.int64)  # an equal one: __eq__ runs
+    ns = Window("w")
+    s.update_many(keys, keys + 5, namespace=ns)
+    assert s.get_many(keys, namespace=ns, dtype=np.int64).tolist() == (keys + 5).tolist()
+    assert b.num_entries() == 200
+
+
 def _try(errors: list[BaseException], fn: Any) -> None:
     try:
         fn()
