@@ -116,7 +116,7 @@ cdef class ColumnLocations:
     cdef object marks_arr   # bytes of one cm_colmark per map
     cdef uint32_t *locs
     cdef cm_colmark *marks
-    cdef Py_ssize_t n, nmaps
+    cdef Py_ssize_t nmaps
     cdef unsigned long gen
     cdef readonly Py_ssize_t written  # rows the last column_put given these wrote through them
 
@@ -134,7 +134,6 @@ cdef class ColumnLocations:
         mv = self.marks_arr
         self.locs = &lv[0]
         self.marks = <cm_colmark *>&mv[0]  # numpy's buffers are aligned for 8-byte fields
-        self.n = col.c.n
         self.nmaps = col.c.nmaps
         col.c.locs = self.locs
         col.c.marks = self.marks
@@ -327,7 +326,7 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
     held = None
     if locations is not None:
         locations.written = 0
-        if locations._matches(keys, namespace) and locations.nmaps == col.c.nmaps and locations.n == col.c.n:
+        if locations._matches(keys, namespace) and locations.nmaps == col.c.nmaps:
             held = (locations.locs_arr, locations.marks_arr)  # alive for the run (see ColumnLocations)
             col.c.locs = locations.locs
             col.c.marks = locations.marks
@@ -335,7 +334,7 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
     cdef const int64_t[::1] iv
     cdef const int64_t[::1] tv
     cdef const double[::1] fv
-    cdef PyObject **buf
+    cdef PyObject **buf = NULL
     if getattr(ts, "dtype", None) is not None:
         if ts.dtype.kind != "i" or ts.dtype.itemsize != 8:
             raise TypeError(f"ts must be an int, a time provider or an int64 array, not a {ts.dtype} array")
@@ -354,35 +353,29 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
         for i in range(n):
             buf[i] = <PyObject *>(<tuple>states)[i]
         col.c.states = buf
-        try:
-            cm_col_run(&col.c)
-        finally:
-            PyMem_Free(buf)
-            if locations is not None:
-                locations.written = col.c.located
-        return
-    dtype = getattr(states, "dtype", None)
-    if dtype is None:
-        raise TypeError(f"states must be a tuple or an int64 / float64 array, not {type(states).__name__}")
-    if dtype.kind == "i" and dtype.itemsize == 8:
-        iv = states
-        if iv.shape[0] != n:
-            raise ValueError(f"{iv.shape[0]} states for {n} keys")
-        col.c.istates = &iv[0] if n else NULL
-    elif dtype.kind == "f" and dtype.itemsize == 8:
-        fv = states
-        if fv.shape[0] != n:
-            raise ValueError(f"{fv.shape[0]} states for {n} keys")
-        col.c.fstates = &fv[0] if n else NULL
     else:
-        raise TypeError(f"states must be a tuple or an int64 / float64 array, not {dtype}")
-    if n:
-        try:
+        dtype = getattr(states, "dtype", None)
+        if dtype is None:
+            raise TypeError(f"states must be a tuple or an int64 / float64 array, not {type(states).__name__}")
+        if dtype.kind == "i" and dtype.itemsize == 8:
+            iv = states
+            if iv.shape[0] != n:
+                raise ValueError(f"{iv.shape[0]} states for {n} keys")
+            col.c.istates = &iv[0] if n else NULL
+        elif dtype.kind == "f" and dtype.itemsize == 8:
+            fv = states
+            if fv.shape[0] != n:
+                raise ValueError(f"{fv.shape[0]} states for {n} keys")
+            col.c.fstates = &fv[0] if n else NULL
+        else:
+            raise TypeError(f"states must be a tuple or an int64 / float64 array, not {dtype}")
+    try:
+        if n:
             cm_col_run(&col.c)
-        finally:
-            if locations is not None:
-                locations.written = col.c.located
-
+    finally:
+        PyMem_Free(buf)
+        if locations is not None:
+            locations.written = col.c.located
 
 def column_remove(list maps not None, kgs, keys, namespace):
     """Remove ``keys[i]`` in ``namespace`` from ``maps[kgs[i]]`` for every row. O(len(keys))."""

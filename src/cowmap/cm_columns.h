@@ -582,7 +582,7 @@ static int cm_col_run(cm_col *c) {
             own_status = 1;
         }
         Py_ssize_t done = 0;
-        if (c->op == CM_COL_PUT && c->locs && c->marks && cm_col_no_removal(c)) {
+        if (c->op == CM_COL_PUT && c->locs && cm_col_no_removal(c)) {
             /* slow, all zeros, lends its room to the located rows' maps */
             done = cm_col_put_located(c, slow);
             c->located = done > 0 ? done : 0;
@@ -615,7 +615,7 @@ static int cm_col_run(cm_col *c) {
         if (cm_col_row(m, c, &p, i) < 0) break;
     }
     r = i == c->n ? 0 : -1;
-    if (c->op == CM_COL_GET && c->marks && r == 0)
+    if (c->op == CM_COL_GET && c->locs && r == 0)
         for (Py_ssize_t k = 0; k < c->nmaps; k++) {
             const cm_map *m = c->maps[k];
             int held = m && rows[k] && slow && !slow[k] && cm_col_fast_write_map(m);

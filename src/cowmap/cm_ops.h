@@ -247,12 +247,18 @@ static inline int cm_state_shared(const cm_map *m, const cm_entry *e) {
     return e->sv < m->required;
 }
 
+/* Whether a read of e's state hands out a copy: a copier is set, the state is
+ * an object (not None, not a tagged int) and a snapshot shares it. */
+static inline int cm_copies_on_read(const cm_map *m, const cm_entry *e) {
+    return m->copier && e->state != Py_None && !cm_tagged(e->state) && cm_state_shared(m, e);
+}
+
 /* New reference to the state of a located entry, copying it first if it is
  * shared with a snapshot and a copier is set (Flink's get). */
 static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) {
     cm_entry *e = cm_E(m, loc->idx);
     if (m->dirty && cm_mutable_state(e->state)) cm_changed(m, loc->idx); /* a copy below takes the mark */
-    if (m->copier && e->state != Py_None && !cm_tagged(e->state) && cm_state_shared(m, e)) {
+    if (cm_copies_on_read(m, e)) {
         PyObject *c = PyObject_CallOneArg(m->copier, e->state);
         if (!c) return NULL;
         uint32_t w = cm_writable(m, p, loc);
@@ -267,8 +273,7 @@ static PyObject *cm_read_state(cm_map *m, const cm_probe *p, const cm_loc *loc) 
 
 /* New reference to a state about to be handed out as "old": a copy if shared. */
 static PyObject *cm_old_state(cm_map *m, const cm_entry *e) {
-    if (m->copier && e->state != Py_None && !cm_tagged(e->state) && cm_state_shared(m, e))
-        return PyObject_CallOneArg(m->copier, e->state);
+    if (cm_copies_on_read(m, e)) return PyObject_CallOneArg(m->copier, e->state);
     return cm_state_ref(e->state);
 }
 

@@ -33,6 +33,7 @@ from cowmap._core import (
     column_missing,
     column_put,
     column_remove,
+    snapshot_columns,
 )
 
 NMAPS = 5
@@ -544,8 +545,6 @@ EDGE_INTS = [0, 1, -1, 255, 257, -6, 2**30, -(2**30), 2**62 - 1, 2**62, -(2**62)
 
 
 def test_ints_written_by_a_column_read_back_as_ints_everywhere() -> None:
-    from cowmap._core import snapshot_columns
-
     n = len(EDGE_INTS)
     ks = np.arange(n, dtype=np.int64)
     kgs = np.zeros(n, dtype=np.int32)

@@ -9,6 +9,7 @@ returns expired values compares with background cleanup off.
 
 from __future__ import annotations
 
+import importlib.util
 from datetime import timedelta
 from typing import Any
 
@@ -152,17 +153,11 @@ def as_input(keys: list[Any], form: str) -> Any:
     raise AssertionError(form)
 
 
-def _have_pyarrow() -> bool:
-    try:
-        import pyarrow  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 #: the column forms a call takes; Arrow arrays only where pyarrow (the arrow extra) is installed,
 #: as in CI (the test extra brings it), not in a wheel's own test run on the core's dependencies
-forms = st.sampled_from(["list", "tuple", "numpy", "pandas", *(["arrow"] if _have_pyarrow() else [])])
+forms = st.sampled_from(
+    ["list", "tuple", "numpy", "pandas", *(["arrow"] if importlib.util.find_spec("pyarrow") else [])]
+)
 
 
 def shared_step(pair: Pair, step: tuple[Any, ...], name: str, kind: str) -> bool:

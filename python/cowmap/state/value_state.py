@@ -123,9 +123,9 @@ class ValueState(AsyncValueMethods, State):
 
         dflt = self._default if default is _DESCRIPTOR else default
         code = check_typed(dtype, dflt)
-        ks, kgs, ns = self._column(keys, namespace, self._locations)
-        t = self._t
         loc = self._locations
+        ks, kgs, ns = self._column(keys, namespace, loc)
+        t = self._t
         if t.ttl:
             values, status = column_get(
                 t.maps, kgs, ks, ns, self._kc.now(), t.ttl, t.update_on_read, dflt, t.return_expired, code,
