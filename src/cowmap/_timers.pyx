@@ -18,16 +18,15 @@ import array
 import operator
 
 cdef extern from "timerqueue.h":
-    ctypedef struct cm_timer:
-        int64_t ts
+    ctypedef struct cm_trec:
         PyObject *key
         PyObject *ns
-        uint32_t hash
-        uint32_t slot
+        int64_t ts
     ctypedef struct cm_tblock:
         Py_ssize_t refs
-        uint32_t size
-    cm_timer *CM_HEAP(cm_tblock *b)
+        uint32_t live
+        uint32_t nrec
+    cm_trec *CM_REC(cm_tblock *b)
     ctypedef struct cm_kgq:
         cm_tblock *b
     ctypedef struct cm_tqueue:
@@ -41,8 +40,10 @@ cdef extern from "timerqueue.h":
     # -1: an exception; -2: Python code run by a key comparison changed the queue
     int cm_tq_add(cm_tqueue *q, uint32_t g, int64_t ts, object key, object ns, uint32_t h) except -1
     int cm_tq_remove(cm_tqueue *q, uint32_t g, int64_t ts, object key, object ns, uint32_t h) except -1
-    cm_timer *cm_tq_peek(cm_tqueue *q)
-    int cm_tq_poll(cm_tqueue *q, cm_timer *out, uint32_t *g) except -1
+    bint cm_tq_head(cm_tqueue *q, int64_t *ts)
+    int cm_tq_poll(cm_tqueue *q, int64_t *ts, PyObject **key, PyObject **ns, uint32_t *g) except -1
+    void cm_tq_begin_fire(cm_tqueue *q, int64_t upto)
+    int cm_tq_end_fire(cm_tqueue *q) except -1
     cm_tblock *cm_tq_share(cm_tqueue *q, uint32_t g)
 
 cdef extern from "Python.h":
@@ -87,9 +88,10 @@ cdef class TimerService:
     namespace, domain)``; ``advance_processing_time(now)`` does the same for
     processing-time timers. The caller's current key is current again after an
     advance (Flink leaves the last timer's key current). Timers of equal
-    timestamps fire in an order of the heaps' making. Register and delete cost
-    O(log n) in the timers of the key's key group, a firing O(log n + log key
-    groups).
+    timestamps fire in an order of the queue's making. Register costs O(log n)
+    in the timers of the key's key group; delete O(1) (the timer's heap entry is
+    dropped when it surfaces); a firing O(log n + log key groups), and an
+    advance that fires much of a key group sorts those timers out in one go.
 
     Not thread-safe: use it from the backend's thread. Keys' and namespaces'
     ``__eq__`` / ``__hash__`` must not use the service (RuntimeError).
@@ -244,14 +246,15 @@ cdef class TimerService:
         return self._fire(PROCESSING, t)
 
     cdef Py_ssize_t _fire(self, int d, int64_t upto) except -1:
-        cdef cm_timer t
-        cdef cm_timer *head
+        cdef int64_t ts
+        cdef PyObject *kp
+        cdef PyObject *nsp
         cdef uint32_t g
         cdef Py_ssize_t n = 0
         cdef KeyContext kc = self._kc
+        cdef cm_tqueue *q = &self._q[d]
         on_timer = self._on_timer
-        head = cm_tq_peek(&self._q[d])
-        if head == NULL or head.ts > upto:
+        if not cm_tq_head(q, &ts) or ts > upto:
             return 0
         if on_timer is None:
             raise RuntimeError(f"timer service {self.name!r} has no on_timer to fire timers with")
@@ -259,26 +262,25 @@ cdef class TimerService:
         domain = self._domains[d]
         prev_key, prev_kg = kc.key, kc.key_group
         self._firing[d] = True
+        cm_tq_begin_fire(q, upto)
         try:
-            while True:
-                head = cm_tq_peek(&self._q[d])
-                if head == NULL or head.ts > upto:
-                    break
-                cm_tq_poll(&self._q[d], &t, &g)
-                self._changed[d * self._q[d].nkg + g] = 1
-                key = <object>t.key
-                ns = <object>t.ns
+            while cm_tq_head(q, &ts) and ts <= upto:
+                cm_tq_poll(q, &ts, &kp, &nsp, &g)
+                self._changed[d * q.nkg + g] = 1
+                key = <object>kp
+                ns = <object>nsp
                 Py_DECREF(key)  # the queue's references: ours are key and ns now
                 Py_DECREF(ns)
                 n += 1
                 if aec is not None:
-                    aec.process(key, _TimerFiring(on_timer, t.ts, key, ns, domain, aec))
+                    aec.process(key, _TimerFiring(on_timer, ts, key, ns, domain, aec))
                 else:
                     kc.switch(key, self._kg_ints[g])
-                    on_timer(t.ts, key, ns, domain)
+                    on_timer(ts, key, ns, domain)
         finally:
             self._firing[d] = False
             kc.restore(prev_key, prev_kg)
+            cm_tq_end_fire(q)
         return n
 
     # ------------------------------------------------------------ processing time as mails
@@ -286,15 +288,15 @@ cdef class TimerService:
     cdef int _schedule(self) except -1:
         """Post a mail for the earliest processing-time timer when the backend's
         async controller has a mailbox (else timers wait for advance_processing_time)."""
-        cdef cm_timer *head = cm_tq_peek(&self._q[PROCESSING])
+        cdef int64_t head
         kc = self._kc
         aec = kc.aec() if kc.aec is not None else None
-        if head == NULL or aec is None or aec.mailbox is None:
+        if not cm_tq_head(&self._q[PROCESSING], &head) or aec is None or aec.mailbox is None:
             self._scheduled = INT64_MAX
             return 0
-        self._scheduled = head.ts
+        self._scheduled = head
         self._mail_seq += 1
-        delay = max(0, head.ts - kc.now()) / 1000.0
+        delay = max(0, head - kc.now()) / 1000.0
         aec.mailbox.post_delayed(delay, _ProcessingMail(self, self._mail_seq))
         return 0
 
@@ -318,14 +320,17 @@ cdef class TimerService:
     def timers(self, domain):
         """The timers of ``domain`` as (ts, key, namespace) tuples, in no particular order. O(n)."""
         cdef int d = _domain_index(domain)
-        cdef cm_kgq *g
+        cdef cm_tblock *b
+        cdef cm_trec *r
         cdef uint32_t i, k
         out = []
         for k in range(self._q[d].nkg):
-            g = &self._q[d].kg[k]
-            if g.b != NULL:
-                for i in range(1, g.b.size + 1):
-                    out.append((CM_HEAP(g.b)[i].ts, <object>CM_HEAP(g.b)[i].key, <object>CM_HEAP(g.b)[i].ns))
+            b = self._q[d].kg[k].b
+            if b != NULL:
+                r = CM_REC(b)
+                for i in range(b.nrec):
+                    if r[i].key != NULL:
+                        out.append((r[i].ts, <object>r[i].key, <object>r[i].ns))
         return out
 
     def snapshot(self, cut=False):
@@ -496,15 +501,16 @@ cdef class TimerSnapshot:
         self._check()
         for k in range(2 * self._nkg):
             if self._blocks[k] != NULL:
-                n += self._blocks[k].size
+                n += self._blocks[k].live
         return n
 
     def columns(self, long kg, domain):
         """(timestamps as an ``array.array("q")``, keys, namespaces) of key group
-        ``kg``'s timers of ``domain``, in their heap order."""
+        ``kg``'s timers of ``domain``, in no particular order."""
         cdef int d = _domain_index(domain)
         cdef cm_tblock *b
-        cdef uint32_t i
+        cdef cm_trec *r
+        cdef uint32_t i, j = 0
         cdef int64_t[:] tv
         self._check()
         if not self.lo <= kg < self.lo + self._nkg:
@@ -512,14 +518,17 @@ cdef class TimerSnapshot:
         b = self._blocks[d * self._nkg + (kg - self.lo)]
         if b == NULL:
             return array.array("q"), [], []
-        ts = array.array("q", bytes(8 * b.size))
+        ts = array.array("q", bytes(8 * b.live))
         tv = ts
-        keys = [None] * b.size
-        nss = [None] * b.size
-        for i in range(b.size):
-            tv[i] = CM_HEAP(b)[i + 1].ts
-            keys[i] = <object>CM_HEAP(b)[i + 1].key
-            nss[i] = <object>CM_HEAP(b)[i + 1].ns
+        keys = [None] * b.live
+        nss = [None] * b.live
+        r = CM_REC(b)
+        for i in range(b.nrec):
+            if r[i].key != NULL:
+                tv[j] = r[i].ts
+                keys[j] = <object>r[i].key
+                nss[j] = <object>r[i].ns
+                j += 1
         return ts, keys, nss
 
     cdef int _check(self) except -1:
