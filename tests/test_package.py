@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: Where each example the tests below run lives: (markdown file, a marker only its python block has).
 QUICK_START = ("README.md", "for user in [")
+SESSION_EXAMPLE = ("README.md", "def end_session(")
 MAP_EXAMPLE = ("docs/guide/map.md", "CopyOnWriteStateMap(")
 KEYED_STATE_EXAMPLE = ("docs/guide/keyed-state.md", "KeyedStateBackend(max_parallelism=128, time_provider")
 RESCALE_EXAMPLE = ("docs/guide/keyed-state.md", "key_group_range_for_operator(")
@@ -107,6 +108,17 @@ def test_timers_example_runs(capsys):
     assert namespace["backend"].num_entries() == 0  # every session emitted and cleared
 
 
+def test_readme_session_window_example_runs(capsys):
+    namespace = run_example(SESSION_EXAMPLE)
+    assert capsys.readouterr().out.splitlines() == [
+        "bob: 1 events, 60000..60000",
+        "ann: 2 events, 0..600000",
+        "ann: 1 events, 4000000..4000000",
+    ]
+    assert namespace["timers"].num_event_time_timers() == 0
+    assert namespace["backend"].num_entries() == 0  # every session emitted and cleared
+
+
 def test_checkpoint_example_runs(capsys):
     namespace = run_example(CHECKPOINT_EXAMPLE)
     assert capsys.readouterr().out.splitlines() == ["41"]
@@ -121,6 +133,7 @@ def test_versions_example_runs(capsys):
 
 EXAMPLES = (
     QUICK_START,
+    SESSION_EXAMPLE,
     MAP_EXAMPLE,
     KEYED_STATE_EXAMPLE,
     RESCALE_EXAMPLE,
