@@ -195,3 +195,16 @@ def test_an_advance_fires_a_big_key_group_in_order(n: int) -> None:
     assert svc.advance_watermark(cut) == n // 2 + 1
     assert svc.advance_watermark(10 * n) == n - n // 2 - 1
     assert fired == sorted(times)
+
+
+def test_an_advance_sorts_timestamps_across_the_whole_int64_range() -> None:
+    lo, hi = -(2**63), 2**63 - 1
+    times = [lo, hi, -1, 0, 1, lo + 1, hi - 1, 2**40, -(2**40)] + list(range(-50, 50, 3))
+    b = KeyedStateBackend(max_parallelism=1)
+    fired: list[int] = []
+    svc = b.get_timer_service("t", lambda ts, *a: fired.append(ts))
+    for i, ts in enumerate(times):
+        b.set_current_key(i)
+        svc.register_event_time_timer(ts)
+    assert svc.advance_watermark(hi) == len(times)
+    assert fired == sorted(times)
