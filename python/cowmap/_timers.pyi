@@ -42,6 +42,9 @@ class TimerService:
     def add_columns(
         self, kg: int, domain: int, ts: Sequence[int] | array.array[int], keys: Sequence[Any], namespaces: Sequence[Any]
     ) -> None: ...
+    def replace_columns(
+        self, kg: int, domain: int, ts: Sequence[int] | array.array[int], keys: Sequence[Any], namespaces: Sequence[Any]
+    ) -> None: ...
     def _on_processing_mail(self, seq: int) -> None: ...
 
 @final

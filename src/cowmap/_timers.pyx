@@ -45,6 +45,7 @@ cdef extern from "timerqueue.h":
     void cm_tq_begin_fire(cm_tqueue *q, int64_t upto)
     int cm_tq_end_fire(cm_tqueue *q) except -1
     cm_tblock *cm_tq_share(cm_tqueue *q, uint32_t g)
+    void cm_tq_clear(cm_tqueue *q, uint32_t g)
 
 cdef extern from "Python.h":
     void *PyMem_RawCalloc(size_t n, size_t size)
@@ -388,6 +389,35 @@ cdef class TimerService:
             if self._apply(d, True, g, tsv[i], key, ns) == 1 and d == PROCESSING and tsv[i] < self._scheduled:
                 processing_added = True
         if processing_added:
+            self._schedule()
+
+    def replace_columns(self, long kg, domain, ts, keys, namespaces):
+        """Make key group ``kg``'s timers of ``domain`` exactly those given as
+        columns (none for empty ones): a checkpoint increment's timers, which
+        replace the key group's. The columns are checked before anything
+        changes; ValueError for a key group not owned, RuntimeError while that
+        domain fires."""
+        cdef int d = _domain_index(domain)
+        cdef KeyContext kc = self._kc
+        cdef int64_t[:] tsv
+        self._check()
+        if not kc.lo <= kg <= kc.hi:
+            raise ValueError(f"key group {kg} is outside this backend's range KeyGroupRange({kc.lo}, {kc.hi})")
+        try:
+            tsv = ts
+        except (TypeError, ValueError):  # not an int64 buffer: a sequence of ints (checked here, not half-way)
+            ts = array.array("q", ts)
+        if self._firing[d]:
+            raise RuntimeError("replace_columns called while the domain's timers fire")
+        n = len(ts)
+        if len(keys) != n or len(namespaces) != n:
+            raise ValueError(f"timer columns differ in length: {n} timestamps, {len(keys)} keys, {len(namespaces)} namespaces")
+        if any(k is None for k in keys) or any(ns is None for ns in namespaces):
+            raise TypeError("a timer's key and namespace must not be None")
+        cm_tq_clear(&self._q[d], <uint32_t>(kg - kc.lo))
+        self._changed[d * self._q[d].nkg + (kg - kc.lo)] = 1
+        self.add_columns(kg, domain, ts, keys, namespaces)
+        if d == PROCESSING:
             self._schedule()
 
     def __repr__(self):

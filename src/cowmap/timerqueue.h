@@ -826,11 +826,29 @@ static int cm_tq_end_fire(cm_tqueue *q)
             continue;
         }
         cm_tblock *b = g->b;
-        if (b->refs == 1 && (b->live == 0 || b->used - b->live > b->live))
+        if (b != NULL && b->refs == 1 && (b->live == 0 || b->used - b->live > b->live))
             cm_kg_compact(g);
     }
     q->nruns = kept;
     return rc;
+}
+
+/* Drops every timer of key group g (a restore that replaces them). */
+static void cm_tq_clear(cm_tqueue *q, uint32_t g)
+{
+    cm_kgq *kg = &q->kg[g];
+    cm_tblock *b = kg->b;
+    PyMem_RawFree(kg->run);  /* (a run left by a failed end of firing: its key group stays listed, without it) */
+    kg->run = NULL;
+    kg->run_at = kg->run_len = 0;
+    if (b != NULL)
+        q->count -= b->live;
+    kg->b = NULL;
+    cm_ha_free(kg->slots, ((size_t)kg->mask + 1) * sizeof(uint64_t));
+    kg->slots = NULL;
+    kg->mask = 0;
+    cm_hoh_adjust(q, g);
+    cm_block_decref(b);  /* last: dropping keys may run Python code (__del__) */
 }
 
 /* A reference to key group g's block for a snapshot (NULL when it has no timers). */

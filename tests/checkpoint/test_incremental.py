@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_roundtrip import KEYS, NAMESPACES, VALUES, apply
 
+from cowmap import VOID_NAMESPACE
 from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage, fileformat
 from cowmap.state import KeyedStateBackend, KeyGroupRange, MapStateDescriptor, ValueStateDescriptor
 
@@ -439,19 +440,17 @@ def test_a_version_written_again_stays_readable_until_replaced(tmp_path: Path) -
     assert [p.name for p in tmp_path.glob("chk-*.data")] == [storage.manifest(2)["files"][0]["name"]]
 
 
-NO_TIMER_OP = OP.filter(lambda op: op[0] not in ("timer", "timer_delete", "fire"))
-
-
 @pytest.mark.parametrize("ttl", [False, True])
 @settings(max_examples=40, deadline=None)
-@given(ops=st.lists(NO_TIMER_OP, max_size=80))
+@given(ops=st.lists(OP, max_size=80))
 def test_a_backend_caught_up_by_increments_equals_a_restore(tmp_path_factory: Any, ttl: bool, ops: list) -> None:
     """A backend holding checkpoint a, brought to a later b by the increments
     between them only (cowmap.spark's warm backends), holds what a restore of
-    b gives; where b does not extend a's chain it refuses and changes nothing."""
+    b gives, timers included; where b does not extend a's chain it refuses
+    and changes nothing."""
     clock = Clock()
     src = KeyedStateBackend(max_parallelism=8, time_provider=clock)
-    states = register(src, ttl, timers=False)
+    states = register(src, ttl)
     storage = CheckpointStorage(tmp_path_factory.mktemp("ck"), max_increments=3)
     ids: list[int] = []
     snaps: list = []
@@ -465,7 +464,7 @@ def test_a_backend_caught_up_by_increments_equals_a_restore(tmp_path_factory: An
     for i, a in enumerate(ids):
         for b in ids[i + 1 :]:
             warm = KeyedStateBackend(max_parallelism=8, time_provider=clock)
-            register(warm, ttl, timers=False)
+            register(warm, ttl)
             storage.restore(warm, a)
             held = contents(warm)
             before, after = storage.manifest(a)["files"], storage.manifest(b)["files"]
@@ -480,7 +479,7 @@ def test_a_backend_caught_up_by_increments_equals_a_restore(tmp_path_factory: An
                 assert contents(warm) == held
 
 
-def test_catching_up_is_refused_with_timers_or_another_history(tmp_path: Path) -> None:
+def test_catching_up_is_refused_with_another_history(tmp_path: Path) -> None:
     b, v = filled(100)
     storage = CheckpointStorage(tmp_path)
     storage.save(b)
@@ -490,9 +489,51 @@ def test_catching_up_is_refused_with_timers_or_another_history(tmp_path: Path) -
     assert not storage._catch_up(stranger, 2)
     warm = KeyedStateBackend(max_parallelism=32)
     storage.restore(warm, 1)
-    warm.get_timer_service("t")
-    assert not storage._catch_up(warm, 2)  # (its timers could not take an increment's in place)
     assert not storage._catch_up(warm, 7)  # no such checkpoint
+
+
+def test_a_caught_up_key_groups_timers_are_replaced_and_the_others_kept(tmp_path: Path) -> None:
+    src = KeyedStateBackend(max_parallelism=4)
+    t = src.get_timer_service("t", lambda *a: None)
+    for k in range(40):
+        src.set_current_key(k)
+        t.register_event_time_timer(100 + k)
+        t.register_processing_time_timer(5, namespace="w")
+    storage = CheckpointStorage(tmp_path)
+    storage.save(src)
+    src.set_current_key(3)
+    t.delete_event_time_timer(103)
+    t.register_event_time_timer(7)
+    t.advance_processing_time(5)  # every processing-time timer goes: their key groups' runs hold 0 rows
+    storage.save(src)
+    warm = KeyedStateBackend(max_parallelism=4)
+    wt = warm.get_timer_service("t", lambda *a: None)
+    storage.restore(warm, 1)
+    assert storage._catch_up(warm, 2)
+    assert sorted(wt.timers(0)) == sorted(t.timers(0)) and wt.timers(1) == []
+    assert wt.num_event_time_timers() == 40 and wt.num_processing_time_timers() == 0
+    fired: list[int] = []
+    wt.on_timer = lambda ts, *a: fired.append(ts)
+    assert wt.advance_watermark(10**6) == 40  # the queue is whole after the replace
+    assert fired == sorted([7] + [100 + k for k in range(40) if k != 3])
+
+
+def test_replace_columns_checks_before_it_changes_anything() -> None:
+    b = KeyedStateBackend(max_parallelism=1)
+    t = b.get_timer_service("t", lambda *a: None)
+    b.set_current_key("k")
+    t.register_event_time_timer(1)
+    with pytest.raises(ValueError, match="differ in length"):
+        t.replace_columns(0, 0, [1, 2], ["a"], [VOID_NAMESPACE])
+    with pytest.raises(TypeError, match="must not be None"):
+        t.replace_columns(0, 0, [1], [None], [VOID_NAMESPACE])
+    with pytest.raises(TypeError):
+        t.replace_columns(0, 0, ["x"], ["a"], [VOID_NAMESPACE])
+    with pytest.raises(ValueError, match="outside"):
+        t.replace_columns(3, 0, [], [], [])
+    assert t.timers(0) == [(1, "k", VOID_NAMESPACE)]
+    t.replace_columns(0, 0, [], [], [])
+    assert t.timers(0) == [] and t.num_event_time_timers() == 0
 
 
 def test_a_caught_up_list_is_replaced_not_appended_to(tmp_path: Path) -> None:

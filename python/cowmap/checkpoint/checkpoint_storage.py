@@ -418,13 +418,12 @@ class CheckpointStorage:
         ``checkpoint_id`` by applying only the increments between them:
         O(their changes) instead of a restore's O(entries). Returns False, with
         nothing changed, when that is not possible: ``backend`` holds something
-        else, ``checkpoint_id`` is not an increment chain that extends ``v``, or
-        timers are involved (an increment's timers replace whole key groups,
-        which a backend holding timers cannot take in place). Damage raises as
-        :meth:`restore` does, before anything changes."""
+        else, or ``checkpoint_id`` is not an increment chain that extends ``v``.
+        An increment's timers replace those of the key groups it holds timers
+        for. Damage raises as :meth:`restore` does, before anything changes."""
         _check_backend(backend)
         chain = backend._chain
-        if chain is None or chain[0] != self._key or backend.timer_service_names():
+        if chain is None or chain[0] != self._key:
             return False
         held = chain[1]
         if held == checkpoint_id:
@@ -438,11 +437,14 @@ class CheckpointStorage:
         if held > checkpoint_id or files[: len(before)] != before or len(files) == len(before):
             return False
         readers = [self._store.open_data(f["name"], f["size"]) for f in files[len(before) :]]
-        if any(r.header.get("type") != "incremental" or r.header.get("timer_services") for r in readers):
+        if any(r.header.get("type") != "incremental" for r in readers):
             return False
         decoded = _decode(backend, readers)
-        for states, blocks, _, _ in decoded:
-            restore_blocks(backend, states, blocks, True)
+        timers: dict[tuple[str, int, int], Any] = {}
+        for states, blocks, _, services in decoded:
+            restore_blocks(backend, states, blocks, True, services, timers)
+        for (name, domain, kg), (ts, keys, nss) in timers.items():
+            backend.get_timer_service(name).replace_columns(kg, domain, ts, keys, nss)
         backend.snapshot(cut=True).release()  # the maps track changes against checkpoint_id from here
         backend._chain = (self._key, checkpoint_id)
         return True
