@@ -648,11 +648,13 @@ static int cm_tq_poll(cm_tqueue *q, int64_t *ts, PyObject **key, PyObject **ns, 
         e = kg->run[kg->run_at++];
         /* the record and slot of the run's next but one, read when this key group
          * is polled next (the next one's were fetched at this poll's turn) */
+#if defined(__GNUC__)
         if (kg->run_at + 1 < kg->run_len) {
             const cm_tent *nx = &kg->run[kg->run_at + 1];
             __builtin_prefetch(&CM_REC(b)[nx->rec]);
             __builtin_prefetch(&kg->slots[nx->hash & kg->mask]);
         }
+#endif
     } else {
         e = CM_ENT(b)[0];
         cm_heap_pop(b);
