@@ -319,6 +319,20 @@ def snapshot_changes_many(
     their changes, map after map, then per map the counts of changed entries and of
     removed keys. Every snapshot is checked first. O(changes + maps)."""
 
+def snapshot_columns_many(
+    snaps: list[StateMapSnapshot | FlatMapSnapshot], namespace: Any
+) -> tuple[
+    npt.NDArray[np.int64] | list[Any],
+    npt.NDArray[np.int64] | list[Any] | None,
+    npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+    npt.NDArray[np.int64],
+    npt.NDArray[np.int64],
+]:
+    """``snapshot_columns`` (timestamps included) of several snapshots in one call: the
+    four columns over all their entries, snapshot after snapshot, then per snapshot how
+    many entries it gave. Every snapshot is checked first; the GIL is held throughout.
+    O(entries)."""
+
 def snapshot_columns(
     snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any, timestamps: bool = True
 ) -> tuple[

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from test_roundtrip import KEYS, NAMESPACES, VALUES, apply
 
 from cowmap import VOID_NAMESPACE
-from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage, fileformat
+from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError, checkpoint_storage, fileformat, states
 from cowmap.state import KeyedStateBackend, KeyGroupRange, MapStateDescriptor, ValueStateDescriptor
 
 from ckpt_helpers import Clock, contents, register
@@ -105,13 +105,17 @@ def chain_restores_its_moments(tmp_path_factory: Any, ttl: bool, ops: list, max_
 @contextlib.contextmanager
 def blocks_of(rows: int) -> Iterator[None]:
     """Checkpoints written meanwhile gather key groups into blocks of about
-    ``rows`` rows (full ones), ``rows`` key groups (increments)."""
-    before = checkpoint_storage.BLOCK_ROWS, checkpoint_storage.CHANGE_CHUNK
+    ``rows`` rows (full ones), ``rows`` key groups (increments); with 3, a
+    state's rows of a full block are also read a key group and 2 rows at a
+    time when there are more than 4 of them, not in one call."""
+    before = checkpoint_storage.BLOCK_ROWS, checkpoint_storage.CHANGE_CHUNK, states.READ_SLICE
     checkpoint_storage.BLOCK_ROWS = checkpoint_storage.CHANGE_CHUNK = rows
+    if rows == 3:
+        states.READ_SLICE = 2
     try:
         yield
     finally:
-        checkpoint_storage.BLOCK_ROWS, checkpoint_storage.CHANGE_CHUNK = before
+        checkpoint_storage.BLOCK_ROWS, checkpoint_storage.CHANGE_CHUNK, states.READ_SLICE = before
 
 
 def filled(n: int) -> tuple[KeyedStateBackend, Any]:

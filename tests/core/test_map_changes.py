@@ -252,3 +252,45 @@ def test_changes_of_many_maps_in_one_call_are_each_maps_in_turn(maps: list) -> N
         s.release()
     with pytest.raises(RuntimeError, match="released"):
         snapshot_changes_many(snaps, NS)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    maps=st.lists(
+        st.tuples(
+            st.sampled_from(["chained", "flat"]),
+            st.lists(st.tuples(st.booleans(), KEYS, st.sampled_from([NS, "other"])), max_size=30),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_columns_of_many_maps_in_one_call_are_each_maps_in_turn(maps: list) -> None:
+    """``snapshot_columns_many`` equals ``snapshot_columns`` of each map one after
+    the other (counts per map, columns joined), empty maps included."""
+    from cowmap._core import snapshot_columns, snapshot_columns_many
+
+    made, snaps = [], []
+    for kind, ops in maps:
+        m: Any = CopyOnWriteStateMap(capacity=4) if kind == "chained" else FlatStateMap()
+        for put, key, ns in ops:
+            m.put(key, ns, key) if put else m.remove(key, ns)
+        made.append(m)
+        snaps.append(m.snapshot())
+    for m in made:  # written after the snapshots: not seen
+        m.put(10**6, NS, "later")
+    one = [snapshot_columns(s, NS) for s in snaps]
+    keys, nss, states, ts, counts = snapshot_columns_many(snaps, NS)
+    assert counts.tolist() == [len(o[3]) for o in one]
+    n = int(counts.sum())
+    assert listed(keys, n) == [x for o in one for x in listed(o[0], len(o[3]))]
+    assert listed(nss, n, NS) == [x for o in one for x in listed(o[1], len(o[3]), NS)]
+    assert listed(states, n) == [x for o in one for x in listed(o[2], len(o[3]))]
+    assert listed(ts, n) == [x for o in one for x in listed(o[3], len(o[3]))]
+    with pytest.raises(TypeError, match="expected a StateMapSnapshot"):
+        snapshot_columns_many([*snaps, object()], NS)
+    snaps[-1].release()
+    with pytest.raises(RuntimeError, match="released"):
+        snapshot_columns_many(snaps, NS)
+    for s in snaps:
+        s.release()

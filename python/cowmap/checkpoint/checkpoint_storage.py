@@ -14,14 +14,13 @@ from cowmap.checkpoint.fileformat import PENDING_BLOCK, DataFileReader, DataFile
 from cowmap.checkpoint.pending import decode_pending, encode_pending
 from cowmap.checkpoint.states import (
     TOMBSTONE_COLUMNS,
-    Piece,
-    block_columns,
     changed_timer_key_groups,
     changes_lost,
     check_compatible,
     column_serializers,
     encode_change_chunk,
-    encode_group,
+    encode_full_group,
+    full_rows,
     restore_blocks,
     split_by_key_group,
     state_headers,
@@ -320,17 +319,17 @@ class CheckpointStorage:
                     for kg in chunk:
                         snap._release_key_group(kg)
                     rows += put(chunk[0], chunk[-1], sections)
-            else:  # full: key groups gathered until a block holds BLOCK_ROWS rows
-                group: list[tuple[int, list[Piece]]] = []
+            else:  # full: key groups gathered until a block holds BLOCK_ROWS rows, read in one call per state
+                group: list[int] = []
                 in_group = 0
                 for i, kg in enumerate(ordered := sorted(kgs)):
-                    pieces = block_columns(snap, kg)
-                    # read out: the backend need not keep this key group's data for us any longer
-                    snap._release_key_group(kg)
-                    group.append((kg, pieces))
-                    in_group += sum(len(cols[0]) for _, cols in pieces)
+                    group.append(kg)
+                    in_group += full_rows(snap, kg)
                     if in_group >= BLOCK_ROWS or i == len(ordered) - 1:
-                        rows += put(group[0][0], kg, encode_group(snap, group))
+                        sections = encode_full_group(snap, group)
+                        for g in group:  # read out: the backend need not keep their data for us any longer
+                            snap._release_key_group(g)
+                        rows += put(group[0], kg, sections)
                         group, in_group = [], 0
             if pending is not None:
                 w.block(PENDING_BLOCK, PENDING_BLOCK, [pending])

@@ -24,6 +24,7 @@ from cowmap._core import (
     column_put,
     snapshot_changes,
     snapshot_changes_many,
+    snapshot_columns_many,
     user_insert_many,
 )
 from cowmap._requests import replace_all
@@ -53,7 +54,8 @@ __all__ = [
     "change_columns",
     "changed_timer_key_groups",
     "encode_change_chunk",
-    "encode_group",
+    "encode_full_group",
+    "full_rows",
     "restore_blocks",
     "split_by_key_group",
     "state_headers",
@@ -116,11 +118,13 @@ TOMBSTONE_COLUMNS = 3
 Piece = tuple[int, list[Any]]
 
 
-def block_columns(snap: KeyedStateSnapshot, kg: int) -> list[Piece]:
-    """Every state's rows of key group ``kg`` (a full checkpoint's)."""
+def block_columns(snap: KeyedStateSnapshot, kg: int, states: Iterable[int] | None = None) -> list[Piece]:
+    """Every state's rows of key group ``kg`` (a full checkpoint's), or only
+    those of the states of indexes ``states``."""
     pieces: list[Piece] = []
-    for i, name in enumerate(snap.state_names()):
-        s = snap._state(name)
+    names = snap.state_names()
+    for i in range(len(names)) if states is None else states:
+        s = snap._state(names[i])
         if kg not in s.maps:
             continue
         snap._check()
@@ -171,13 +175,44 @@ def timer_section_base(nstates: int) -> int:
     return 2 * nstates
 
 
-def encode_group(snap: KeyedStateSnapshot, group: list[tuple[int, list[Piece]]]) -> list[Section]:
-    """The sections of one block of a full checkpoint: the pieces of its key
-    groups (``(kg, pieces)`` in increasing order) gathered per section index,
-    each run of rows tagged with its key group, then every timer of those key
-    groups. O(rows), with O(1) encoding calls per section, not per key group."""
-    sections = _piece_sections(snap, group) + _timer_sections(snap, [kg for kg, _ in group], False)
-    return _in_block_order(sections, len(snap.state_names()))
+def full_rows(snap: KeyedStateSnapshot, kg: int) -> int:
+    """The entries of key group ``kg`` over every state (about the rows a full
+    checkpoint writes for it: a list state's entry makes one row a value)."""
+    n = 0
+    for name in snap.state_names():
+        m = snap._state(name).maps.get(kg)
+        if m is not None:
+            n += len(m)
+    return n
+
+
+def encode_full_group(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Section]:
+    """The sections of one block of a full checkpoint, key groups ``kgs``
+    (increasing): each state's rows, read in one compiled call
+    (``snapshot_columns_many``) where every entry is one row and the block's
+    entries of the state are few enough to read while holding the GIL, else
+    per key group, a slice at a time; then every timer of those key groups.
+    O(rows), with O(1) calls per state rather than per key group."""
+    names = snap.state_names()
+    sections: list[Section] = []
+    slow = []
+    for i, name in enumerate(names):
+        s = snap._state(name)
+        present = [kg for kg in kgs if kg in s.maps]
+        if not present:
+            continue
+        maps = [s.maps[kg] for kg in present]
+        snap._check()
+        if not _rows_in_one_call(s) or sum(map(len, maps)) > 2 * READ_SLICE:
+            slow.append(i)
+            continue
+        keys, nss, states, ts, counts = snapshot_columns_many(maps, _namespace0(s.table.kind))
+        if len(ts):
+            sections.append(_section(i, s, _columns(s, present[0], (keys, nss, states, ts)), _runs(present, counts)))
+    if slow:
+        sections += _piece_sections(snap, [(kg, block_columns(snap, kg, slow)) for kg in kgs])
+    sections += _timer_sections(snap, kgs, False)
+    return _in_block_order(sections, len(names))
 
 
 def encode_change_chunk(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Section]:
@@ -199,7 +234,7 @@ def encode_change_chunk(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Sectio
             continue
         maps = [s.maps[kg] for kg in present]
         snap._check()
-        if not _changes_in_one_call(s) or any(m.changes != "known" for m in maps):
+        if not _rows_in_one_call(s) or any(m.changes != "known" for m in maps):
             slow.append(i)
             continue
         kind = s.table.kind
@@ -216,9 +251,9 @@ def encode_change_chunk(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Sectio
     return _in_block_order(sections, nstates)
 
 
-def _changes_in_one_call(s: Any) -> bool:
-    """Whether a state's changes of several key groups may be read in one call:
-    each changed entry is one row (not a list state's, whose export makes the
+def _rows_in_one_call(s: Any) -> bool:
+    """Whether a state's rows (or changes) of several key groups may be read in
+    one call: each entry is one row (not a list state's, whose export makes the
     rows) and none is left out (no expired rows dropped at full snapshots)."""
     return s.cleanup_now is None and (s.table.kind == "map" or type(s.table).export is StateTable.export)
 
