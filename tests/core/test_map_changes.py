@@ -202,21 +202,23 @@ def test_tracking_memory_is_returned() -> None:
         tracemalloc.stop()
 
 
+#: a few maps of both kinds, each with puts (True) and removes of keys in two namespaces
+MAPS = st.lists(
+    st.tuples(
+        st.sampled_from(["chained", "flat"]),
+        st.lists(st.tuples(st.booleans(), KEYS, st.sampled_from([NS, "other"])), max_size=30),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
 def _same(a: Any, b: Any, n: int) -> bool:
     return listed(a, n) == listed(b, n)
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    maps=st.lists(
-        st.tuples(
-            st.sampled_from(["chained", "flat"]),
-            st.lists(st.tuples(st.booleans(), KEYS, st.sampled_from([NS, "other"])), max_size=30),
-        ),
-        min_size=1,
-        max_size=6,
-    )
-)
+@given(maps=MAPS)
 def test_changes_of_many_maps_in_one_call_are_each_maps_in_turn(maps: list) -> None:
     """``snapshot_changes_many`` equals ``snapshot_changes`` of each map one after
     the other (counts per map, columns joined); one map not tracking: ValueError, nothing read."""
@@ -255,16 +257,7 @@ def test_changes_of_many_maps_in_one_call_are_each_maps_in_turn(maps: list) -> N
 
 
 @settings(max_examples=100, deadline=None)
-@given(
-    maps=st.lists(
-        st.tuples(
-            st.sampled_from(["chained", "flat"]),
-            st.lists(st.tuples(st.booleans(), KEYS, st.sampled_from([NS, "other"])), max_size=30),
-        ),
-        min_size=1,
-        max_size=6,
-    )
-)
+@given(maps=MAPS)
 def test_columns_of_many_maps_in_one_call_are_each_maps_in_turn(maps: list) -> None:
     """``snapshot_columns_many`` equals ``snapshot_columns`` of each map one after
     the other (counts per map, columns joined), empty maps included."""

@@ -13,7 +13,7 @@ The timestamp column exists exactly when the state has TTL.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -196,13 +196,7 @@ def encode_full_group(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Section]
     names = snap.state_names()
     sections: list[Section] = []
     slow = []
-    for i, name in enumerate(names):
-        s = snap._state(name)
-        present = [kg for kg in kgs if kg in s.maps]
-        if not present:
-            continue
-        maps = [s.maps[kg] for kg in present]
-        snap._check()
+    for i, s, present, maps in _block_states(snap, kgs):
         if not _rows_in_one_call(s) or sum(map(len, maps)) > 2 * READ_SLICE:
             slow.append(i)
             continue
@@ -223,17 +217,10 @@ def encode_change_chunk(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Sectio
     compiled call (``snapshot_changes_many``) rather than one per key group:
     an increment's cost follows its changes, not its key groups. O(changes +
     key groups)."""
-    names = snap.state_names()
-    nstates = len(names)
+    nstates = len(snap.state_names())
     sections: list[Section] = []
     slow = []
-    for i, name in enumerate(names):
-        s = snap._state(name)
-        present = [kg for kg in kgs if kg in s.maps]
-        if not present:
-            continue
-        maps = [s.maps[kg] for kg in present]
-        snap._check()
+    for i, s, present, maps in _block_states(snap, kgs):
         if not _rows_in_one_call(s) or any(m.changes != "known" for m in maps):
             slow.append(i)
             continue
@@ -249,6 +236,17 @@ def encode_change_chunk(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Sectio
         sections += _piece_sections(snap, [(kg, change_columns(snap, kg, slow)) for kg in kgs])
     sections += _timer_sections(snap, kgs, True)
     return _in_block_order(sections, nstates)
+
+
+def _block_states(snap: KeyedStateSnapshot, kgs: list[int]) -> Iterator[tuple[int, Any, list[int], list[Any]]]:
+    """Per state with maps in key groups ``kgs``: its index, the state, those
+    key groups and their maps (the snapshot checked as each state comes)."""
+    for i, name in enumerate(snap.state_names()):
+        s = snap._state(name)
+        present = [kg for kg in kgs if kg in s.maps]
+        if present:
+            snap._check()
+            yield i, s, present, [s.maps[kg] for kg in present]
 
 
 def _rows_in_one_call(s: Any) -> bool:
