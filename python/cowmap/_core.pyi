@@ -1,11 +1,16 @@
 """Type stub for the compiled core (src/cowmap/_core.pyx)."""
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, final
+from typing import Any, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
+
+# the columns a snapshot's entries are read out as (snapshot_columns and its kin)
+_KeyColumn: TypeAlias = npt.NDArray[np.int64] | list[Any]
+_NsColumn: TypeAlias = npt.NDArray[np.int64] | list[Any] | None
+_StateColumn: TypeAlias = npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any]
 
 #: a timestamp in ms, or a time provider returning one (called once per call)
 _Time = int | Callable[[], int]
@@ -292,11 +297,11 @@ def dir_copy(dc: list[Any]) -> list[Any]: ...
 def snapshot_changes(
     snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any
 ) -> tuple[
-    npt.NDArray[np.int64] | list[Any],
-    npt.NDArray[np.int64] | list[Any] | None,
-    npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+    _KeyColumn,
+    _NsColumn,
+    _StateColumn,
     npt.NDArray[np.int64],
-    npt.NDArray[np.int64] | list[Any],
+    _KeyColumn,
     list[Any] | None,
 ]:
     """What changed between the previous cut and ``snap`` (a cut whose ``changes`` are
@@ -306,11 +311,11 @@ def snapshot_changes(
 def snapshot_changes_many(
     snaps: list[StateMapSnapshot | FlatMapSnapshot], namespace: Any
 ) -> tuple[
-    npt.NDArray[np.int64] | list[Any],
-    npt.NDArray[np.int64] | list[Any] | None,
-    npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+    _KeyColumn,
+    _NsColumn,
+    _StateColumn,
     npt.NDArray[np.int64],
-    npt.NDArray[np.int64] | list[Any],
+    _KeyColumn,
     list[Any] | None,
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],
@@ -322,9 +327,9 @@ def snapshot_changes_many(
 def snapshot_columns_many(
     snaps: list[StateMapSnapshot | FlatMapSnapshot], namespace: Any
 ) -> tuple[
-    npt.NDArray[np.int64] | list[Any],
-    npt.NDArray[np.int64] | list[Any] | None,
-    npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+    _KeyColumn,
+    _NsColumn,
+    _StateColumn,
     npt.NDArray[np.int64],
     npt.NDArray[np.int64],
 ]:
@@ -336,9 +341,9 @@ def snapshot_columns_many(
 def snapshot_columns(
     snap: StateMapSnapshot | FlatMapSnapshot, namespace: Any, timestamps: bool = True
 ) -> tuple[
-    npt.NDArray[np.int64] | list[Any],
-    npt.NDArray[np.int64] | list[Any] | None,
-    npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+    _KeyColumn,
+    _NsColumn,
+    _StateColumn,
     npt.NDArray[np.int64] | None,
 ]:
     """``(keys, namespaces, states, timestamps)`` of every entry of ``snap`` (a chained
@@ -362,9 +367,9 @@ class ColumnReader:
     def columns(
         self,
     ) -> tuple[
-        npt.NDArray[np.int64] | list[Any],
-        npt.NDArray[np.int64] | list[Any] | None,
-        npt.NDArray[np.int64] | npt.NDArray[np.float64] | list[Any],
+        _KeyColumn,
+        _NsColumn,
+        _StateColumn,
         npt.NDArray[np.int64] | None,
     ]:
         """The columns of ``snapshot_columns`` once every row is read."""
