@@ -200,9 +200,16 @@ cdef extern from "flatmap.h":
     int cm_gone_numbers(const cm_gonelog *g, const PyObject *ns0, int64_t *keys)
     void cm_gone_ptrs(const cm_gonelog *g, const cm_entry **out)
 
-    size_t cm_export_entries(const cm_map *m, const cm_snap *s, const cm_entry **ents, uint64_t *seen, size_t cap)
+    size_t cm_export_entries(const cm_map *m, const cm_snap *s, const cm_entry **ents, uint64_t *seen, size_t cap) nogil
     int cm_export_numbers(const cm_entry *const *ents, size_t start, size_t stop, size_t n, const PyObject *ns0,
                           int64_t *keys, int64_t *nss, int64_t *states, int64_t *ts)
     int CM_X_ALL
+    size_t cm_export_numbers_bare(const cm_entry *const *ents, size_t start, size_t stop, size_t n,
+                                  const PyObject *ns0, int ns0_int, int64_t ns0_val, int64_t *keys, int64_t *nss,
+                                  int64_t *states, int64_t *ts, int *fp) nogil
+    int cm_export_view(const cm_map *m, cm_map *view)
+    void cm_export_view_free(cm_map *view)
+    int cm_export_bare_row(const cm_entry *e, const PyObject *ns0)
+    int cm_export_int(PyObject *o, int64_t *out)
     object cm_export_list(const cm_entry *const *ents, size_t n, int field)
     uint32_t FM_MIN_SHIFT

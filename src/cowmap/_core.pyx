@@ -526,6 +526,10 @@ cdef class StateMapSnapshot:
     cdef bint _released
     cdef bint _cut        # taken with cut=True: ch holds the changes since the previous cut
     cdef cm_changes ch
+    # readers without the GIL (a checkpoint's read-out): a release meanwhile is
+    # done when the last of them is through, so their entries stay put
+    cdef int _readers
+    cdef bint _release_pending
 
     def __cinit__(self):
         self._released = True
@@ -535,6 +539,16 @@ cdef class StateMapSnapshot:
             self._released = True
             cm_release(&self._map.m, &self.s)
         cm_changes_free(&self.ch)
+
+    cdef void _pin(self) noexcept:
+        self._readers += 1
+
+    cdef void _unpin(self) noexcept:
+        self._readers -= 1
+        if self._readers == 0 and self._release_pending:
+            self._release_pending = False
+            cm_release(&self._map.m, &self.s)
+            cm_changes_free(&self.ch)
 
     @property
     def changes(self):
@@ -571,7 +585,12 @@ cdef class StateMapSnapshot:
         return _SnapshotIterator(self, True)
 
     def release(self):
-        """Release this snapshot (idempotent)."""
+        """Release this snapshot (idempotent). While another thread reads it
+        out without the GIL, the map lets go of it when that read is through."""
+        if self._readers:
+            self._release_pending = not self._released or self._release_pending
+            self._released = True
+            return
         if not self._released:
             self._released = True
             cm_release(&self._map.m, &self.s)

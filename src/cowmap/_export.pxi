@@ -19,9 +19,10 @@ def snapshot_columns(snap, namespace, timestamps=True):
       None when ``timestamps`` is false (a state without TTL: 8 bytes an entry not written).
 
     O(entries) (and a sort of the positions for a flat snapshot), no Python
-    object made on the number path, in one call (the GIL held throughout:
-    :class:`ColumnReader` reads a slice a call). ``RuntimeError`` for a
-    released snapshot, ``TypeError`` for anything else. May run on another
+    object made on the number path, in one call (:class:`ColumnReader` reads
+    a slice a call). A chained snapshot's entries are found, and those whose
+    columns need no Python object read, without the GIL. ``RuntimeError`` for
+    a released snapshot, ``TypeError`` for anything else. May run on another
     thread than the map's writer.
     """
     r = ColumnReader(snap, namespace, timestamps)
@@ -34,14 +35,16 @@ cdef class ColumnReader:
     """``snapshot_columns(snap, namespace, timestamps)`` a slice of rows a
     call, for a reader on another thread than the map's writer: between two
     calls the writer may take the GIL (a long read-out in one call would hold
-    it up to the end; letting go of the GIL inside the call would not help, as
-    the reader takes it straight back and the writer's wait for it starts over).
+    it up to the end where its rows need Python objects read).
 
     ``read(rows)`` reads up to ``rows`` more and returns whether all are read;
     ``columns()`` then gives what ``snapshot_columns`` gives. A chained
     snapshot's entries stay put while the map is written (a write copies
-    them); a flat snapshot's may move to a page copy, so each slice finds its
-    entries anew. ``RuntimeError`` if the snapshot is released meanwhile."""
+    them), so they are found and, as far as their rows need no Python object,
+    read without the GIL, the snapshot pinned meanwhile (a release waits for
+    the read); a flat snapshot's may move to a page copy, so each slice finds
+    its entries anew, with the GIL. ``RuntimeError`` if the snapshot is
+    released meanwhile."""
     cdef object namespace, keys, nss, states, ts
     cdef StateMapSnapshot cs
     cdef FlatMapSnapshot fs
@@ -106,6 +109,7 @@ cdef class ColumnReader:
         cdef size_t stop = self.n if rows >= self.n - self.at else self.at + rows
         cdef int64_t[::1] kv, nv, sv, tv
         cdef int64_t *tp = NULL
+        cdef size_t at
         if self.at < stop:
             self._check()
             kv, nv, sv = self.keys, self.nss, self.states
@@ -114,9 +118,11 @@ cdef class ColumnReader:
                 tp = &tv[0]
             if self.order != NULL:
                 self._find(self.at, stop)
-            # (a flat snapshot's entries prefetched no further than those found)
-            self.f &= cm_export_numbers(self.ents, self.at, stop, self.n if self.order == NULL else stop,
-                                        <PyObject *>self.namespace, &kv[0], &nv[0], &sv[0], tp)
+            at = _numbers_bare(None if self.cs is None else [self.cs], self.ents, self.at, stop, self.n,
+                               self.namespace, &kv[0], &nv[0], &sv[0], tp, &self.f)
+            if at < stop:  # (a flat snapshot's entries prefetched no further than those found)
+                self.f &= cm_export_numbers(self.ents, at, stop, self.n if self.order == NULL else stop,
+                                            <PyObject *>self.namespace, &kv[0], &nv[0], &sv[0], tp)
             self.at = stop
         return self.at == self.n
 
@@ -136,23 +142,87 @@ cdef class ColumnReader:
 
 cdef size_t _chained_entries(StateMapSnapshot cs, const cm_entry **ents, size_t n) except? 0:
     """The n entries of chained snapshot cs into ents, in index order; how many there were."""
-    cdef uint64_t *seen = <uint64_t *>PyMem_RawCalloc((cs._map.m.next_unused + 63) // 64, sizeof(uint64_t))
-    if seen == NULL:
-        raise MemoryError()
-    cdef size_t got = cm_export_entries(&cs._map.m, &cs.s, ents, seen, n)
-    PyMem_RawFree(seen)
+    cdef size_t got = 0
+    _gather_chained([cs], &ents, &n, &got)
     return got
 
 
-cdef tuple _numbers_then_columns(const cm_entry **ents, size_t n, namespace):
-    """The columns of snapshot_columns (with timestamps) of entries ents[0..n), in one call."""
+cdef int _gather_chained(list snaps, const cm_entry ***ents, const size_t *ns, size_t *got) except -1:
+    """The entries of each chained snapshot snaps[i] (ns[i] of them) into
+    ents[i], how many into got[i]: all in one stretch without the GIL (each
+    through a private view of its map, the snapshot pinned meanwhile)."""
+    cdef Py_ssize_t m = len(snaps), i
+    cdef StateMapSnapshot cs
+    cdef cm_map *views = <cm_map *>PyMem_RawCalloc(m if m else 1, sizeof(cm_map))
+    cdef uint64_t **seen = <uint64_t **>PyMem_RawCalloc(m if m else 1, sizeof(void *))
+    cdef const cm_snap **ss = <const cm_snap **>PyMem_RawCalloc(m if m else 1, sizeof(void *))
+    cdef Py_ssize_t pinned = 0
+    try:
+        if views == NULL or seen == NULL or ss == NULL:
+            raise MemoryError()
+        for i in range(m):
+            cs = <StateMapSnapshot>snaps[i]
+            seen[i] = <uint64_t *>PyMem_RawCalloc((cs._map.m.next_unused + 63) // 64, sizeof(uint64_t))
+            if seen[i] == NULL or cm_export_view(&cs._map.m, &views[i]) < 0:
+                raise MemoryError()
+            ss[i] = &cs.s
+        for i in range(m):
+            (<StateMapSnapshot>snaps[i])._pin()
+            pinned += 1
+        with nogil:
+            for i in range(m):
+                got[i] = cm_export_entries(&views[i], ss[i], ents[i], seen[i], ns[i])
+    finally:
+        for i in range(pinned):
+            (<StateMapSnapshot>snaps[i])._unpin()
+        for i in range(m):
+            if seen != NULL:
+                PyMem_RawFree(seen[i])
+            if views != NULL:
+                cm_export_view_free(&views[i])
+        PyMem_RawFree(views)
+        PyMem_RawFree(seen)
+        PyMem_RawFree(ss)
+    return 0
+
+
+cdef tuple _numbers_then_columns(const cm_entry **ents, size_t n, namespace, list pins=None):
+    """The columns of snapshot_columns (with timestamps) of entries ents[0..n),
+    in one call; without the GIL as far as it may go when every entry is of one
+    of the chained snapshots ``pins``."""
     import numpy as np
     keys, nss, states, ts = (np.empty(n, dtype=np.int64) for _ in range(4))
     if n == 0:
         return keys, None, states, ts
     cdef int64_t[::1] kv = keys, nv = nss, sv = states, tv = ts
-    f = cm_export_numbers(ents, 0, n, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], &tv[0])
+    cdef int f = CM_X_ALL
+    cdef size_t at = _numbers_bare(pins, ents, 0, n, n, namespace, &kv[0], &nv[0], &sv[0], &tv[0], &f)
+    if at < n:
+        f &= cm_export_numbers(ents, at, n, n, <PyObject *>namespace, &kv[0], &nv[0], &sv[0], &tv[0])
     return _columns_of(f, ents, n, keys, nss, states, ts)
+
+
+cdef size_t _numbers_bare(list pins, const cm_entry **ents, size_t start, size_t stop, size_t n, namespace,
+                          int64_t *kp, int64_t *np_, int64_t *sp, int64_t *tp, int *f) except? 0:
+    """cm_export_numbers_bare of ents[start..stop) without the GIL, the chained
+    snapshots ``pins`` (which hold every entry) pinned meanwhile; start when
+    ``pins`` is None or the first row needs the GIL anyway."""
+    cdef int64_t ns0_val = 0
+    cdef int ns0_int
+    cdef size_t at
+    cdef const PyObject *ns0 = <PyObject *>namespace
+    if pins is None or start >= stop or not cm_export_bare_row(ents[start], ns0):
+        return start
+    ns0_int = cm_export_int(<PyObject *>namespace, &ns0_val)
+    for cs in pins:
+        (<StateMapSnapshot>cs)._pin()
+    try:
+        with nogil:
+            at = cm_export_numbers_bare(ents, start, stop, n, ns0, ns0_int, ns0_val, kp, np_, sp, tp, f)
+    finally:
+        for cs in pins:
+            (<StateMapSnapshot>cs)._unpin()
+    return at
 
 
 cdef tuple _columns_of(int f, const cm_entry **ents, size_t n, keys, nss, states, ts):
@@ -219,7 +289,7 @@ def snapshot_changes(snap, namespace):
         else:
             fm_changed_entries(&fs.s, fs.bits, &v)
         n = v.n
-        upserts = _numbers_then_columns(<const cm_entry **>v.a, n, namespace)
+        upserts = _numbers_then_columns(<const cm_entry **>v.a, n, namespace, None if cs is None else [cs])
         gkeys = np.empty(gone.n, dtype=np.int64)
         if gone.n == 0:
             return upserts + (gkeys, None)
@@ -237,6 +307,15 @@ def snapshot_changes(snap, namespace):
     finally:
         PyMem_RawFree(v.a)
         PyMem_RawFree(gp)
+
+
+cdef list _all_chained(list snaps):
+    """snaps when each is a chained snapshot (their entries stay put: a numbers
+    pass may go without the GIL), else None."""
+    for s in snaps:
+        if type(s) is not StateMapSnapshot:
+            return None
+    return snaps
 
 
 cdef const cm_gonelog *_checked_gone(object snap) except NULL:
@@ -297,7 +376,7 @@ def snapshot_changes_many(list snaps not None, namespace):
                 raise MemoryError()
             cv[i] = <int64_t>(v.n - before)
             gv[i] = <int64_t>gone.n
-        upserts = _numbers_then_columns(<const cm_entry **>v.a, v.n, namespace)
+        upserts = _numbers_then_columns(<const cm_entry **>v.a, v.n, namespace, _all_chained(snaps))
         gkeys = np.empty(total, dtype=np.int64)
         if total == 0:
             return upserts + (gkeys, None, counts, gcounts)
@@ -330,9 +409,9 @@ def snapshot_columns_many(list snaps not None, namespace):
     one call (a full checkpoint's block of key groups): the four columns over
     all their entries, one snapshot's after the other's, then an int64 array
     of how many entries each gave. Every snapshot is checked before anything
-    is read. The GIL is held throughout, so callers keep the total to about a
-    block (:class:`ColumnReader` reads one snapshot a slice at a time).
-    O(entries)."""
+    is read. The GIL is let go only where :class:`ColumnReader` lets go of it,
+    so callers keep the total to about a block (a reader reads one snapshot a
+    slice at a time). O(entries)."""
     import numpy as np
     cdef Py_ssize_t m = len(snaps), i
     cdef size_t total = 0, at = 0, got, n, k
@@ -355,31 +434,45 @@ def snapshot_columns_many(list snaps not None, namespace):
         else:
             raise TypeError(f"expected a StateMapSnapshot or FlatMapSnapshot, not {type(snap).__name__}")
     ents = <const cm_entry **>PyMem_RawMalloc((total if total else 1) * sizeof(void *))
-    if ents == NULL:
-        raise MemoryError()
+    chained = [s for s in snaps if type(s) is StateMapSnapshot]
+    cdef Py_ssize_t c = len(chained)
+    cdef const cm_entry ***cents = <const cm_entry ***>PyMem_RawMalloc((c if c else 1) * sizeof(void *))
+    cdef size_t *cn = <size_t *>PyMem_RawMalloc((c if c else 1) * sizeof(size_t))
+    cdef size_t *cgot = <size_t *>PyMem_RawCalloc(c if c else 1, sizeof(size_t))
     try:
-        for i in range(m):
+        if ents == NULL or cents == NULL or cn == NULL or cgot == NULL:
+            raise MemoryError()
+        c = 0
+        for i in range(m):  # where each snapshot's entries go; a flat one's found now, with the GIL
             snap = snaps[i]
-            got = 0
             if type(snap) is StateMapSnapshot:
-                cs = <StateMapSnapshot>snap
-                n = cs.s.size
-                if n:
-                    got = _chained_entries(cs, &ents[at], n)
+                n = (<StateMapSnapshot>snap).s.size
+                cents[c], cn[c] = &ents[at], n
+                c += 1
             else:
                 fs = <FlatMapSnapshot>snap
                 n = fs.s.size
+                got = 0
                 if n:
                     order = fm_snap_order(&fs.s, &got)
+                    if order == NULL:
+                        raise MemoryError()
                     for k in range(got):
                         ents[at + k] = fm_snap_at(&fs.s, &order[k])
                     PyMem_RawFree(order)
                     order = NULL
-            if got != n:
-                raise RuntimeError(f"snapshot of {n} entries yielded {got}")
+                if got != n:
+                    raise RuntimeError(f"snapshot of {n} entries yielded {got}")
             cv[i] = <int64_t>n
             at += n
-        return _numbers_then_columns(ents, total, namespace) + (counts,)
+        _gather_chained(chained, cents, cn, cgot)  # the chained ones' without the GIL, in one go
+        for i in range(c):
+            if cgot[i] != cn[i]:
+                raise RuntimeError(f"snapshot of {cn[i]} entries yielded {cgot[i]}")
+        return _numbers_then_columns(ents, total, namespace, chained if c == m else None) + (counts,)
     finally:
         PyMem_RawFree(ents)
         PyMem_RawFree(order)
+        PyMem_RawFree(cents)
+        PyMem_RawFree(cn)
+        PyMem_RawFree(cgot)

@@ -120,6 +120,56 @@ static int cm_export_numbers(const cm_entry *const *ents, size_t from, size_t to
     return f;
 }
 
+/* 1 if cm_export_numbers reads no Python object for entry e. */
+static inline int cm_export_bare_row(const cm_entry *e, const PyObject *ns0) {
+    return e->ns == ns0 && cm_tagged(e->state);
+}
+
+/* cm_export_numbers over ents[from..to) for as long as no Python object
+ * need be read, so that it may run without the GIL: rows whose namespace is
+ * ns0 (whether that is an int, and which, read beforehand: ns0_int, ns0_val)
+ * and whose state is a tagged int. Returns the row it stopped at (to when it
+ * read them all); *fp, CM_X_* flags so far, is narrowed as cm_export_numbers
+ * would. The entries must stay put meanwhile: those of a pinned chained
+ * snapshot do (a write to the map copies them). */
+static size_t cm_export_numbers_bare(const cm_entry *const *ents, size_t from, size_t to, size_t n,
+                                     const PyObject *ns0, int ns0_int, int64_t ns0_val, int64_t *keys,
+                                     int64_t *nss, int64_t *states, int64_t *ts, int *fp) {
+    int f = *fp;
+    size_t k;
+    for (k = from; k < to; k++) {
+        if (k + 2u * CM_X_PREFETCH < n) CM_PREFETCH(ents[k + 2u * CM_X_PREFETCH]);
+        const cm_entry *e = ents[k];
+        if (!cm_export_bare_row(e, ns0)) break;
+        if (cm_intkey(e)) keys[k] = e->key.i; else f &= ~CM_X_KEYS_INT;
+        if (f & CM_X_NS_INT) {
+            if (ns0_int) nss[k] = ns0_val; else f &= ~CM_X_NS_INT;
+        }
+        states[k] = cm_tag_value(e->state);
+        f &= ~CM_X_STATES_FLOAT;
+        if (ts) ts[k] = e->ts;
+    }
+    *fp = f;
+    return k;
+}
+
+/* A copy of m's header to find a snapshot's entries through without the GIL:
+ * its own copy of the chunk table (a write to m may grow m's, freeing the old
+ * one; the chunks themselves never move). -1 when out of memory; the caller
+ * frees it with cm_export_view_free (also after a failure). */
+static int cm_export_view(const cm_map *m, cm_map *view) {
+    *view = *m;
+    view->chunks = (cm_entry **)PyMem_RawMalloc((m->nchunks ? m->nchunks : 1u) * sizeof(cm_entry *));
+    if (!view->chunks) return -1;
+    if (m->nchunks) memcpy(view->chunks, m->chunks, m->nchunks * sizeof(cm_entry *));
+    return 0;
+}
+
+static void cm_export_view_free(cm_map *view) {
+    PyMem_RawFree(view->chunks);
+    view->chunks = NULL;
+}
+
 /* A list of one field (0 key, 1 namespace, 2 state) of ents[0..n). */
 static PyObject *cm_export_list(const cm_entry *const *ents, size_t n, int field) {
     PyObject *out = PyList_New((Py_ssize_t)n);
