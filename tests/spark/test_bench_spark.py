@@ -39,3 +39,18 @@ def test_a_persisted_system_losing_state_fails_the_run() -> None:
     assert not bench._check(lost, data, "dict_map_in_pandas")  # not persisted: only noted
     with pytest.raises(AssertionError, match="state lost or doubled"):
         bench._check(lost, data, "cowmap_per_key")
+
+
+def test_the_report_sets_spark_s_floor_against_the_reference_it_is_compared_with() -> None:
+    def figures(**rps: float) -> dict:
+        return {s: {"rows_per_s": v, "state_ok": True} for s, v in rps.items()}
+
+    res = {"partitions": 2, "repeats": 1, "workloads": {
+        "large": {"rows": 10, "micro_batches": 1, "figures": figures(tws_row=10.0, shuffle_floor=95.0)},
+        "every_key": {"rows": 10, "micro_batches": 2, "figures": figures(tws_pandas=4.0, shuffle_floor=50.0)},
+    }}
+    lines = bench.report(res)
+    assert "  Spark's floor vs transformWithState (Row), large: 9.50x" in "\n".join(lines)
+    assert "  Spark's floor vs transformWithStateInPandas, every_key: 12.50x" in "\n".join(lines)
+    res["workloads"]["large"]["figures"].pop("tws_row")
+    assert not any("floor vs transformWithState (Row)" in ln for ln in bench.report(res))

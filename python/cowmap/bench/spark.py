@@ -37,17 +37,20 @@ from cowmap.state import StateTtlConfig, ValueStateDescriptor
 if TYPE_CHECKING:  # pandas (the bench extra) is imported where a run needs it: the harness lists
     import pandas as pd  # this scenario's systems without it
 
-__all__ = ["SYSTEMS", "TARGETS", "report", "run"]
+__all__ = ["STATELESS", "SYSTEMS", "TARGETS", "report", "run"]
 
 TTL_MS = 3_600_000
 OUT = "k long, count long, total long"
-SYSTEMS = ("tws_pandas", "tws_row", "apply_in_pandas_with_state", "dict_map_in_pandas", "cowmap_per_key",
-           "cowmap_columnar")
+SYSTEMS = ("tws_pandas", "tws_row", "apply_in_pandas_with_state", "dict_map_in_pandas", "shuffle_floor",
+           "cowmap_per_key", "cowmap_columnar")
+#: systems that keep no state: their output is not checked against pandas
+STATELESS = ("dict_map_in_pandas", "shuffle_floor")
 LABELS = {
     "tws_pandas": "transformWithStateInPandas",
     "tws_row": "transformWithState (Row)",
     "apply_in_pandas_with_state": "applyInPandasWithState",
     "dict_map_in_pandas": "mapInPandas + dict (not persisted)",
+    "shuffle_floor": "Spark's floor: shuffle + mapInPandas, no work",
     "cowmap_per_key": "cowmap.spark per-key",
     "cowmap_columnar": "cowmap.spark columnar",
 }
@@ -135,6 +138,16 @@ def dict_map_in_pandas(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]
         yield pd.DataFrame({"k": ks, "count": cs, "total": ts})
 
 
+def shuffle_floor(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+    """What any system routing rows by key through ``mapInPandas`` costs at least: the
+    same shuffle and Arrow transfer, one output row per key of the batch, no state."""
+    import pandas as pd
+
+    cols = [f["k"] for f in frames]
+    if cols:
+        yield pd.DataFrame({"k": pd.unique(pd.concat(cols, ignore_index=True)), "count": 0, "total": 0})
+
+
 def apply_in_pandas_with_state(key: tuple, frames: Iterator[pd.DataFrame], state: Any) -> Iterator[pd.DataFrame]:
     import pandas as pd
 
@@ -200,8 +213,9 @@ def _query(spark: Any, system: str, stream: Any, state_dir: str, partitions: int
         return grouped.applyInPandasWithState(
             apply_in_pandas_with_state, OUT, "count long, total long", "Append", "ProcessingTimeTimeout"
         )
-    if system == "dict_map_in_pandas":
-        return stream.repartition(partitions, "k").mapInPandas(dict_map_in_pandas, OUT)
+    if system in STATELESS:
+        fn = dict_map_in_pandas if system == "dict_map_in_pandas" else shuffle_floor
+        return stream.repartition(partitions, "k").mapInPandas(fn, OUT)
     from cowmap.spark import apply_with_state
 
     processor = CowmapPerKey if system == "cowmap_per_key" else CowmapColumnar
@@ -238,7 +252,7 @@ def _check(out: pd.DataFrame, batches: list[pd.DataFrame], system: str) -> bool:
     want = whole.groupby("k")["v"].agg(["size", "sum"])
     final = out.sort_values("count").groupby("k").tail(1).set_index("k").sort_index()
     ok = final.index.tolist() == want.index.tolist() and final["count"].tolist() == want["size"].tolist()
-    if not ok and system != "dict_map_in_pandas":
+    if not ok and system not in STATELESS:
         raise AssertionError(f"{system}: the final counts differ from pandas' (state lost or doubled)")
     return ok
 
@@ -432,6 +446,12 @@ def report(res: dict[str, Any]) -> list[str]:
         else:
             met = value >= target
             lines.append(f"  {labels[name]}: {value:.2f}x (target >= {target:.2f}x: {'met' if met else 'NOT met'})")
+    for workload, ref in (("large", "tws_row"), ("every_key", "tws_pandas")):
+        floor, other = (res["workloads"].get(workload, {}).get("figures", {}).get(s) for s in ("shuffle_floor", ref))
+        if floor and other:
+            x = floor["rows_per_s"] / other["rows_per_s"]
+            lines.append(f"  Spark's floor vs {LABELS[ref]}, {workload}: {x:.2f}x "
+                         "(the most a system routing rows by key through mapInPandas can reach)")
     return lines
 
 
