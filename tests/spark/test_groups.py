@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cowmap.spark.groups import group_rows
+from cowmap.spark.groups import _stable_order, group_rows
 
 ROWS = st.lists(
     st.tuples(st.integers(-3, 3), st.sampled_from(["a", "b", "ü", ""]), st.integers(-100, 100), st.floats(-1, 1)),
@@ -53,3 +53,24 @@ def test_bad_columns_and_null_keys_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="holds a null"):
         list(group_rows(pd.DataFrame({"k": [1.0, np.nan]}), ["k"], lambda k: None))
     assert list(group_rows(frame.iloc[:0], ["k"], lambda k: None)) == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(codes=st.lists(st.integers(0, 2**31 - 1) | st.integers(0, 3) | st.integers(65_530, 65_540), max_size=80),
+       many=st.booleans())
+def test_the_rows_order_by_code_is_a_stable_sort_s(codes: list[int], many: bool) -> None:
+    """16 bits at a time (one pass up to 65,536 codes, two beyond): the order a
+    stable sort of the codes gives, ties in row order."""
+    arr = np.asarray(codes, dtype=np.int64)
+    if not many:
+        arr = arr % 65_536
+    ngroups = int(arr.max()) + 1 if len(arr) else 0
+    assert _stable_order(arr, ngroups).tolist() == np.argsort(arr, kind="stable").tolist()
+
+
+def test_groups_of_more_keys_than_one_radix_pass_takes() -> None:
+    keys = np.random.default_rng(3).integers(0, 100_000, 200_000)
+    frame = pd.DataFrame({"k": keys, "v": np.arange(len(keys))})
+    got = {key: rows.index.tolist() for key, rows in group_rows(frame, ["k"], lambda k: None)}
+    assert len(got) > 65_536
+    assert got == {k: idx.tolist() for k, idx in frame.groupby("k").indices.items()}

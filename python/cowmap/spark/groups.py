@@ -1,7 +1,7 @@
 """``ctx.groups(batch)``: a micro-batch's rows grouped by key, with the key current.
 
-The batch is ordered by key once (a stable argsort of factorized key codes, in
-C); a group's :class:`Rows` is then two integers over that order, and a column
+The batch is ordered by key once (a stable radix sort of factorized key codes,
+in C); a group's :class:`Rows` is then two integers over that order, and a column
 of it a slice of the batch's column reordered once on first use — no DataFrame
 per key.
 """
@@ -117,17 +117,27 @@ def _plain(v: Any) -> Any:
     return v.item() if isinstance(v, np.generic) else v
 
 
+def _stable_order(codes: np.ndarray, ngroups: int) -> np.ndarray:
+    """The rows' order by code, ties in row order: numpy's stable sort is a radix
+    sort for 16-bit ints (O(n), ten times its int64 merge sort on a micro-batch),
+    so the codes are sorted 16 bits at a time, low half first."""
+    if ngroups <= 1 << 16:
+        return np.argsort(codes.astype(np.uint16), kind="stable")
+    order = np.argsort((codes & 0xFFFF).astype(np.uint16), kind="stable")
+    return order[np.argsort((codes[order] >> 16).astype(np.uint16), kind="stable")]
+
+
 def group_rows(
     frame: pd.DataFrame, keys: Sequence[str], set_current_key: Callable[[Any], None]
 ) -> Iterator[tuple[Any, Rows]]:
     """Yield ``(key, rows)`` per distinct key of ``frame`` in order of first
-    appearance, each with ``set_current_key(key)`` done. O(n log n) once, then
-    O(1) per group."""
+    appearance, each with ``set_current_key(key)`` done. O(n) once, then O(1)
+    per group."""
     n = len(frame)
     if n == 0:
         return
     codes, values = _factorize(frame, keys)
-    order = np.argsort(codes, kind="stable")
+    order = _stable_order(codes, len(values))
     bounds = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(np.bincount(codes, minlength=len(values)), out=bounds[1:])
     ordered = _Ordered(frame, order, bounds[:-1])
