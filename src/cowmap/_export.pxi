@@ -152,10 +152,12 @@ cdef int _gather_chained(list snaps, const cm_entry ***ents, const size_t *ns, s
     ents[i], how many into got[i]: all in one stretch without the GIL (each
     through a private view of its map, the snapshot pinned meanwhile)."""
     cdef Py_ssize_t m = len(snaps), i
+    if m == 0:
+        return 0  # (letting go of the GIL for nothing would cost a wait to take it back)
     cdef StateMapSnapshot cs
-    cdef cm_map *views = <cm_map *>PyMem_RawCalloc(m if m else 1, sizeof(cm_map))
-    cdef uint64_t **seen = <uint64_t **>PyMem_RawCalloc(m if m else 1, sizeof(void *))
-    cdef const cm_snap **ss = <const cm_snap **>PyMem_RawCalloc(m if m else 1, sizeof(void *))
+    cdef cm_map *views = <cm_map *>PyMem_RawCalloc(m, sizeof(cm_map))
+    cdef uint64_t **seen = <uint64_t **>PyMem_RawCalloc(m, sizeof(void *))
+    cdef const cm_snap **ss = <const cm_snap **>PyMem_RawCalloc(m, sizeof(void *))
     cdef Py_ssize_t pinned = 0
     try:
         if views == NULL or seen == NULL or ss == NULL:
