@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Where each example the tests below run lives: (markdown file, a marker only its python block has).
 QUICK_START = ("README.md", "for user in [")
 SESSION_EXAMPLE = ("README.md", "def end_session(")
+COLUMNS_AND_CHECKPOINT = ("README.md", "counts.add_many(batch.user")
 MAP_EXAMPLE = ("docs/guide/map.md", "CopyOnWriteStateMap(")
 KEYED_STATE_EXAMPLE = ("docs/guide/keyed-state.md", "KeyedStateBackend(max_parallelism=128, time_provider")
 RESCALE_EXAMPLE = ("docs/guide/keyed-state.md", "key_group_range_for_operator(")
@@ -119,6 +120,13 @@ def test_readme_session_window_example_runs(capsys):
     assert namespace["backend"].num_entries() == 0  # every session emitted and cleared
 
 
+def test_readme_columnar_count_and_checkpoint_example_runs(capsys):
+    namespace = run_example(COLUMNS_AND_CHECKPOINT)
+    assert capsys.readouterr().out.splitlines() == ["[2 1 0]"]
+    assert len(namespace["storage"].checkpoints()) == 1
+    assert namespace["restored"].num_entries() == 2
+
+
 def test_checkpoint_example_runs(capsys):
     namespace = run_example(CHECKPOINT_EXAMPLE)
     assert capsys.readouterr().out.splitlines() == ["41"]
@@ -134,6 +142,7 @@ def test_versions_example_runs(capsys):
 EXAMPLES = (
     QUICK_START,
     SESSION_EXAMPLE,
+    COLUMNS_AND_CHECKPOINT,
     MAP_EXAMPLE,
     KEYED_STATE_EXAMPLE,
     RESCALE_EXAMPLE,
