@@ -253,16 +253,18 @@ def test_a_snapshot_released_by_another_thread_during_its_read_out(kind: str) ->
 
 
 def test_a_read_out_without_the_gil_sees_the_snapshot_while_another_thread_writes() -> None:
-    """A chained snapshot's entries are found and read without the GIL: another
-    thread writes the map all the while (overwrites, so entries are copied;
-    inserts, so the map's chunk table grows; removals), and every read-out
-    still holds exactly the snapshot's contents."""
+    """A chained snapshot's entries are found and read without the GIL (whole,
+    or its changes since the previous cut): another thread writes the map all
+    the while (overwrites, so entries are copied; inserts, so the map's chunk
+    table grows; removals), and every read-out still holds exactly the
+    snapshot's contents."""
     import threading
 
-    from cowmap._core import snapshot_columns_many
+    from cowmap._core import snapshot_changes_many, snapshot_columns_many
 
     n = 60_000
     m = CopyOnWriteStateMap()
+    m.snapshot(cut=True).release()  # the first cut: the next one knows its changes, every entry
     for k in range(n):
         m.put(k, NS, k * 3)
     stop = threading.Event()
@@ -279,12 +281,14 @@ def test_a_read_out_without_the_gil_sees_the_snapshot_while_another_thread_write
             m.remove(r % n, NS)
             wrote[0] = r
 
-    with m.snapshot() as s:
+    with m.snapshot(cut=True) as s:
         t = threading.Thread(target=write)
         t.start()
         try:
             for i in range(30):
-                keys, nss, states, _ = snapshot_columns(s, NS) if i % 2 else snapshot_columns_many([s], NS)[:4]
+                read = (snapshot_columns, lambda s, ns: snapshot_columns_many([s], ns)[:4],
+                        lambda s, ns: snapshot_changes_many([s], ns)[:4])[i % 3]
+                keys, nss, states, _ = read(s, NS)
                 order = np.argsort(keys)
                 assert nss is None
                 assert np.array_equal(np.asarray(keys)[order], np.arange(n))
