@@ -116,3 +116,31 @@ def test_a_save_from_inside_a_write_is_refused_not_deadlocked(tmp_path: Path) ->
         storage.save(b)
     assert storage.checkpoints() == []
     assert live_snapshots(b) == 0
+
+
+def test_two_saves_read_out_at_once_while_the_backend_is_written_throughout(tmp_path: Path) -> None:
+    """Two storages' writes run at once (their read-outs go without the GIL),
+    while the task thread writes, inserts and clears until both are done: each
+    checkpoint holds the backend as it was at its own call."""
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("v"))
+    keys = np.arange(60_000, dtype=np.int64)
+    v.update_many(keys, keys)
+    first = contents(b)
+    h1 = CheckpointStorage(tmp_path / "a").save_async(b, incremental=False)
+    v.update_many(keys[::2], -keys[::2])
+    second = contents(b)
+    h2 = CheckpointStorage(tmp_path / "b").save_async(b, incremental=False)
+    r = 0
+    while not (h1.done() and h2.done()):
+        r += 1
+        v.update_many(keys[r % 5 :: 5], keys[r % 5 :: 5] * r)
+        v.update_many(keys[:2_000] + 1_000_000 * r, keys[:2_000])
+        v.clear_many(keys[r % 7 :: 7])
+    h1.result(timeout=60)
+    h2.result(timeout=60)
+    assert r > 0 and live_snapshots(b) == 0
+    for where, want in (("a", first), ("b", second)):
+        back = KeyedStateBackend()
+        CheckpointStorage(tmp_path / where).restore(back)
+        assert contents(back) == want
