@@ -118,7 +118,8 @@ def _plain(v: Any) -> Any:
 
 
 def _stable_order(codes: np.ndarray, ngroups: int) -> np.ndarray:
-    """The rows' order by code, ties in row order: numpy's stable sort is a radix
+    """The rows' order by code (codes in ``[0, ngroups)``, ``ngroups`` at most
+    the rows, so below 2**32), ties in row order: numpy's stable sort is a radix
     sort for 16-bit ints (O(n), ten times its int64 merge sort on a micro-batch),
     so the codes are sorted 16 bits at a time, low half first."""
     if ngroups <= 1 << 16:
