@@ -335,7 +335,8 @@ def snapshot_columns_many(
 ]:
     """``snapshot_columns`` (timestamps included) of several snapshots in one call: the
     four columns over all their entries, snapshot after snapshot, then per snapshot how
-    many entries it gave. Every snapshot is checked first; the GIL is held throughout.
+    many entries it gave. Every snapshot is checked first; the GIL is let go only where
+    :class:`ColumnReader` lets go of it (a chained map's entries found, its int rows read).
     O(entries)."""
 
 def snapshot_columns(

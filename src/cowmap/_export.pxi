@@ -471,7 +471,7 @@ def snapshot_columns_many(list snaps not None, namespace):
         for i in range(c):
             if cgot[i] != cn[i]:
                 raise RuntimeError(f"snapshot of {cn[i]} entries yielded {cgot[i]}")
-        return _numbers_then_columns(ents, total, namespace, chained if c == m else None) + (counts,)
+        return _numbers_then_columns(ents, total, namespace, chained if len(chained) == m else None) + (counts,)
     finally:
         PyMem_RawFree(ents)
         PyMem_RawFree(order)

@@ -361,27 +361,32 @@ cdef class TimerService:
                 ts, keys, nss = snapshot.columns(kg, self._domains[d])
                 self.add_columns(kg, self._domains[d], ts, keys, nss)
 
+    cdef object _columns(self, long kg, ts, keys, namespaces):
+        """``ts`` as an int64 buffer, once key group ``kg`` (owned: else
+        ValueError) and the columns' lengths (equal: else ValueError) are checked."""
+        cdef KeyContext kc = self._kc
+        cdef int64_t[:] tsv
+        self._check()
+        try:
+            tsv = ts
+        except (TypeError, ValueError):  # not an int64 buffer: a sequence of ints
+            ts = array.array("q", ts)
+        if not kc.lo <= kg <= kc.hi:
+            raise ValueError(f"key group {kg} is outside this backend's range KeyGroupRange({kc.lo}, {kc.hi})")
+        n = len(ts)
+        if len(keys) != n or len(namespaces) != n:
+            raise ValueError(f"timer columns differ in length: {n} timestamps, {len(keys)} keys, {len(namespaces)} namespaces")
+        return ts
+
     def add_columns(self, long kg, domain, ts, keys, namespaces):
         """Add timers of key group ``kg`` given as columns (the restore path of
         snapshots and checkpoints). ValueError for a key group not owned."""
         cdef int d = _domain_index(domain)
-        cdef KeyContext kc = self._kc
-        cdef int64_t[:] tsv
-        cdef Py_ssize_t i, n
-        try:
-            tsv = ts
-        except (TypeError, ValueError):  # not an int64 buffer: a sequence of ints
-            tsv = array.array("q", ts)
-        n = tsv.shape[0]
-        cdef uint32_t g
+        cdef int64_t[:] tsv = self._columns(kg, ts, keys, namespaces)
+        cdef Py_ssize_t i
+        cdef uint32_t g = <uint32_t>(kg - self._kc.lo)
         cdef bint processing_added = False
-        self._check()
-        if not kc.lo <= kg <= kc.hi:
-            raise ValueError(f"key group {kg} is outside this backend's range KeyGroupRange({kc.lo}, {kc.hi})")
-        if len(keys) != n or len(namespaces) != n:
-            raise ValueError(f"timer columns differ in length: {n} timestamps, {len(keys)} keys, {len(namespaces)} namespaces")
-        g = <uint32_t>(kg - kc.lo)
-        for i in range(n):
+        for i in range(tsv.shape[0]):
             key = keys[i]
             ns = namespaces[i]
             if key is None or ns is None:
@@ -398,24 +403,15 @@ cdef class TimerService:
         changes; ValueError for a key group not owned, RuntimeError while that
         domain fires."""
         cdef int d = _domain_index(domain)
-        cdef KeyContext kc = self._kc
-        cdef int64_t[:] tsv
-        self._check()
-        if not kc.lo <= kg <= kc.hi:
-            raise ValueError(f"key group {kg} is outside this backend's range KeyGroupRange({kc.lo}, {kc.hi})")
-        try:
-            tsv = ts
-        except (TypeError, ValueError):  # not an int64 buffer: a sequence of ints (checked here, not half-way)
-            ts = array.array("q", ts)
+        cdef uint32_t g
+        ts = self._columns(kg, ts, keys, namespaces)
         if self._firing[d]:
             raise RuntimeError("replace_columns called while the domain's timers fire")
-        n = len(ts)
-        if len(keys) != n or len(namespaces) != n:
-            raise ValueError(f"timer columns differ in length: {n} timestamps, {len(keys)} keys, {len(namespaces)} namespaces")
         if any(k is None for k in keys) or any(ns is None for ns in namespaces):
             raise TypeError("a timer's key and namespace must not be None")
-        cm_tq_clear(&self._q[d], <uint32_t>(kg - kc.lo))
-        self._changed[d * self._q[d].nkg + (kg - kc.lo)] = 1
+        g = <uint32_t>(kg - self._kc.lo)
+        cm_tq_clear(&self._q[d], g)
+        self._changed[d * self._q[d].nkg + g] = 1
         self.add_columns(kg, domain, ts, keys, namespaces)
         if d == PROCESSING:
             self._schedule()

@@ -190,8 +190,9 @@ def encode_full_group(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Section]
     """The sections of one block of a full checkpoint, key groups ``kgs``
     (increasing): each state's rows, read in one compiled call
     (``snapshot_columns_many``) where every entry is one row and the block's
-    entries of the state are few enough to read while holding the GIL, else
-    per key group, a slice at a time; then every timer of those key groups.
+    entries of the state are few enough for one call (one that may hold the
+    GIL: a flat map's rows, or ones that need Python objects), else per key
+    group, a slice at a time; then every timer of those key groups.
     O(rows), with O(1) calls per state rather than per key group."""
     names = snap.state_names()
     sections: list[Section] = []
