@@ -30,6 +30,7 @@ cdef extern from "cowmap_core.h":
         uint64_t mod_count
         uint32_t next_unused
         uint64_t npages_live
+        int64_t ts_floor
         uint32_t nsnaps
         size_t rq_items
         PyObject *copier
@@ -73,6 +74,7 @@ cdef extern from "cowmap_core.h":
     Py_ssize_t cm_remove_many(cm_map *m, const cm_keys *ks, object ns) except -1
 
     int cm_check_ttl(int64_t ttl) except -1
+    int cm_expired(int64_t ts, int64_t ttl, int64_t now)
     object cm_get_unexpired(cm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh, object expired)
     object cm_get_touch(cm_map *m, object key, object ns, int64_t ts)
     int cm_replace(cm_map *m, object key, object ns, object state, int64_t ts) except -1

@@ -414,6 +414,14 @@ cdef class CopyOnWriteStateMap:
         _sweep_args(max_entries, removed, &n, &sink)
         return cm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n, sink)
 
+    @property
+    def expiry_floor(self):
+        """A bound no live entry's timestamp is below (``NO_TIMESTAMP`` when
+        none has one): while it has not expired, no entry has, and
+        ``sweep_expired`` returns 0 at once. Lowered by every write of a
+        timestamp, raised by each full round of the incremental sweep."""
+        return self.m.ts_floor
+
     # ------------------------------------------------------------ whole map
 
     def __len__(self):
@@ -941,6 +949,22 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
         if not COWMAP_PLAIN_BATCH:
             _hints_end(ring)
     return out
+
+
+def maps_may_expire(list maps not None, now, ttl):
+    """Whether an entry of any map in ``maps`` (``CopyOnWriteStateMap`` or
+    None) may have expired at ``now`` (see ``expiry_floor``): False means a
+    sweep of any of them would find nothing. O(len(maps))."""
+    cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
+    cm_check_ttl(c_ttl)
+    for m in maps:
+        if m is None:
+            continue
+        if type(m) is not CopyOnWriteStateMap:
+            raise TypeError(f"maps must hold CopyOnWriteStateMap or None, not {type(m).__name__}")
+        if cm_expired((<CopyOnWriteStateMap>m).m.ts_floor, c_ttl, c_now):
+            return True
+    return False
 
 
 def multi_get(list maps not None, list kgs not None, list keys not None, list namespaces not None, now=0, ttl=0, refresh=False):

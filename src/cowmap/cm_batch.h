@@ -363,6 +363,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
              * put back): no reference changes hands, neither object is touched */
             hit->sv = m->version;
             hit->ts = bt->ts;
+            cm_ts_note(m, bt->ts);
             cm_changed(m, e);
             continue;
         }
@@ -378,7 +379,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
             e = cm_chain_cow(m, &m->primary, h & cmask, e, &own);
             if (!e) { if (own) cm_grave(m, own); return -1; }
             hit = cm_E(m, e);
-            if (!own) { hit->ts = bt->ts; cm_changed(m, e); continue; }
+            if (!own) { hit->ts = bt->ts; cm_ts_note(m, bt->ts); cm_changed(m, e); continue; }
         }
         if (hit->state != ns_state) {
             PyObject *old = hit->state;
@@ -392,6 +393,7 @@ static Py_ssize_t cm_batch_fast_run(cm_map *m, const cm_keys *ks, const cm_batch
         }
         hit->sv = m->version;
         hit->ts = bt->ts;
+        cm_ts_note(m, bt->ts);
         cm_changed(m, e);
         if (m->rehash.capacity) return j + 1; /* the insert started a rehash */
     }

@@ -218,6 +218,7 @@ static inline int cm_col_rewrite(cm_map *m, uint32_t w, const cm_col *c, Py_ssiz
         return 0;
     e->sv = m->version;
     e->ts = cm_col_ts(c, i);
+    cm_ts_note(m, e->ts);
     cm_changed(m, w);
     return 1;
 }
@@ -396,6 +397,7 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
                 if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
                 hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
+                cm_ts_note(r->m, c->now);
                 cm_changed(r->m, hi);
             }
             c->status[j] = CM_ROW_LIVE;

@@ -165,6 +165,12 @@ typedef struct {
     unsigned long owner;  /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;      /* objects to DECREF once the map is consistent */
     cm_cursor sweep;
+    /* Expiry bounds (cm_ts_note): no live entry has a ts below ts_floor, so
+     * while ts_floor has not expired no entry has, and a sweep has nothing
+     * to look for (a sweep costs what expires, not what is stored).
+     * round_min: the least ts written, or seen by the sweep, since its round
+     * began; a round that visited the whole map makes it the new floor. */
+    int64_t ts_floor, round_min;
     /* Changes since the last checkpoint cut (cm_changes.h), NULL = not tracked:
      * a bit per entry index, set while the entry is live and was written since
      * the cut (dbits bits, grown on demand); removals are in `gone` */
@@ -182,6 +188,15 @@ typedef struct {
 } cm_probe;
 
 /* ------------------------------------------------------------------ utils */
+
+/* Every write of an entry's ts passes here (see cm_map.ts_floor). round_min
+ * is never below ts_floor, so one compare suffices for most writes. */
+CM_ALWAYS_INLINE static inline void cm_ts_note(cm_map *m, int64_t ts) {
+    if (CM_UNLIKELY(ts < m->round_min)) {
+        m->round_min = ts;
+        if (ts < m->ts_floor) m->ts_floor = ts;
+    }
+}
 
 /* An id of the calling thread, recorded by every call that makes a map busy so
  * cm_busy_error can tell a re-entrant call from another thread's: the address

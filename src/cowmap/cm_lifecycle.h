@@ -30,6 +30,7 @@ static int cm_init(cm_map *m, uint32_t capacity) {
     m->next_unused = 1; /* index 0 means "none" */
     m->sweep.phase = 2;
     m->sweep.pos = 0;
+    m->ts_floor = m->round_min = INT64_MAX; /* no entry */
     return 0;
 }
 

@@ -285,6 +285,7 @@ CM_ALWAYS_INLINE static inline void cm_set_state(cm_map *m, uint32_t w, PyObject
     e->state = state;
     e->sv = m->version;
     e->ts = ts;
+    cm_ts_note(m, ts);
     cm_grave(m, old);
 }
 
@@ -348,7 +349,7 @@ static int cm_set_timestamp(cm_map *m, PyObject *key, PyObject *ns, int64_t ts) 
         if (!loc.found) r = 0;
         else {
             uint32_t w = cm_writable(m, &p, &loc);
-            if (w) { cm_E(m, w)->ts = ts; cm_changed(m, w); r = 1; }
+            if (w) { cm_E(m, w)->ts = ts; cm_ts_note(m, ts); cm_changed(m, w); r = 1; }
         }
     }
     cm_leave(m);

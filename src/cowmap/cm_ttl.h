@@ -131,6 +131,7 @@ static Py_ssize_t cm_sweep_bucket(cm_map *m, cm_table *t, uint32_t b, int64_t no
                 prev = pq;
             }
         } else {
+            if (e->ts < m->round_min) m->round_min = e->ts; /* the round's least (cm_sweep) */
             prev = i;
         }
         i = next;
@@ -156,10 +157,15 @@ CM_ALWAYS_INLINE static inline void cm_visit_prefetch(const cm_map *m, uint32_t 
  * examined (or max_entries empty buckets scanned); wraps around at the end.
  * max_entries < 0: one full pass. Never calls into Python for the check. */
 static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) {
-    if (cm_check_ttl(ttl) < 0 || cm_enter(m) < 0) return -1;
+    if (cm_check_ttl(ttl) < 0) return -1;
+    if (!cm_expired(m->ts_floor, ttl, now)) return 0; /* no entry has expired: nothing to look at */
+    if (cm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
-    if (full || m->sweep.phase >= 2) cm_cursor_reset(m, &m->sweep);
+    if (full || m->sweep.phase >= 2) {
+        cm_cursor_reset(m, &m->sweep);
+        m->round_min = INT64_MAX; /* a new round: what it sees and what is written meanwhile */
+    }
     uint32_t budget = full || max_entries >= (Py_ssize_t)UINT32_MAX ? UINT32_MAX
                                                                     : (uint32_t)(max_entries > 0 ? max_entries : 1);
     uint32_t pf = m->sweep.pos; /* next position to prefetch: entries are scattered, slots are not */
@@ -168,7 +174,13 @@ static Py_ssize_t cm_sweep(cm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
         if (pf < m->sweep.pos) pf = m->sweep.pos;
         for (uint32_t want = m->sweep.pos + CM_SWEEP_PF; pf < want; pf++) cm_visit_prefetch(m, pf);
         int r = cm_visit_next(m, &m->sweep, budget, &vp);
-        if (r < 0) { m->sweep.phase = 2; break; } /* the next call starts a new round */
+        if (r < 0) {
+            /* the round saw every entry present throughout, and cm_ts_note
+             * every ts written meanwhile: no live entry is below its least */
+            m->ts_floor = m->round_min;
+            m->sweep.phase = 2; /* the next call starts a new round */
+            break;
+        }
         if (r == 0) break;
         for (int k = 0; k < vp.n; k++) {
             Py_ssize_t n = cm_sweep_bucket(m, vp.t[k], vp.b[k], now, ttl, &examined, sink);
@@ -192,7 +204,7 @@ static PyObject *cm_read_touch(cm_map *m, const cm_probe *p, cm_loc *loc, int64_
             if (l2.found) w = cm_writable(m, p, &l2);
             else PyErr_SetString(PyExc_RuntimeError, "entry vanished during a read");
         }
-        if (w) { cm_E(m, w)->ts = ts; cm_changed(m, w); }
+        if (w) { cm_E(m, w)->ts = ts; cm_ts_note(m, ts); cm_changed(m, w); }
         else Py_CLEAR(r);
     }
     return r;

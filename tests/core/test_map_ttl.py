@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap
-from cowmap._core import EXPIRED, wall_clock_ms
+from cowmap._core import EXPIRED, column_get, column_put, maps_may_expire, wall_clock_ms
 
 from core_helpers import map_contents, snapshot_contents_ts
 
@@ -378,3 +381,146 @@ def test_a_time_provider_stands_for_the_time_and_is_called_once_per_call() -> No
     assert m.get("k", "ns") == "x"  # a failing provider changes nothing
     with pytest.raises(TypeError, match="must be an int"):
         m.put("k", "ns", "y", 1.5)
+
+
+# --------------------------------------------------------------------------- expiry floor
+
+# few keys and times, so that writes below the floor, refreshes and expiries meet often
+_KEY = st.integers(0, 9)
+_TIME = st.sampled_from([0, 40, 80, 120, 160, 200, 240, 280, 320])
+_FLOOR_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), _KEY, _TIME),
+        st.tuples(st.just("put_no_ts"), _KEY),
+        st.tuples(st.just("put_many"), st.lists(_KEY, max_size=12), _TIME),
+        st.tuples(st.just("column_put"), st.lists(_KEY, max_size=12), _TIME),
+        st.tuples(st.just("column_put_float"), st.lists(_KEY, max_size=12), _TIME),
+        st.tuples(st.just("column_refresh"), st.lists(_KEY, max_size=12), _TIME),
+        st.tuples(st.just("set_ts"), _KEY, _TIME),
+        st.tuples(st.just("touch"), _KEY, _TIME),
+        st.tuples(st.just("refresh"), _KEY, _TIME),
+        st.tuples(st.just("remove"), _KEY),
+        st.tuples(st.just("snapshot")),
+        st.tuples(st.just("release")),
+        st.tuples(st.just("sweep"), _TIME, st.integers(1, 12)),
+        st.tuples(st.just("full_sweep"), _TIME),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ops=_FLOOR_OPS, capacity=st.sampled_from([4, 8, 64]))
+def test_the_expiry_floor_bounds_every_live_timestamp_and_sweeps_find_what_expired(
+    ops: list[tuple], capacity: int
+) -> None:
+    """Every way a timestamp is written (single, batch, column, refresh, touch)
+    lowers the floor as far as it must, through snapshots (copy-on-write) and
+    rehash; a sweep skips a map only when nothing in it has expired; a full
+    round raises the floor to the least live timestamp."""
+    ttl = 100
+    m = CopyOnWriteStateMap(capacity=capacity)
+    snaps = []
+
+    def live_ts() -> dict:
+        return {k: m.timestamp(k, 0) for k, _ns, _st in list(m)}
+
+    for op in ops:
+        kind = op[0]
+        if kind == "put":
+            m.put(op[1], 0, "v", op[2])
+        elif kind == "put_no_ts":
+            m.put(op[1], 0, "v")
+        elif kind == "put_many":
+            m.put_many(np.array(op[1], dtype=np.int64), 0, ["v"] * len(op[1]), op[2])
+        elif kind in ("column_put", "column_put_float", "column_refresh"):
+            keys = np.array(op[1], dtype=np.int64)
+            kgs = np.zeros(len(keys), dtype=np.int32)
+            if kind == "column_put":
+                column_put([m], kgs, keys, 0, np.arange(len(keys), dtype=np.int64), op[2])
+            elif kind == "column_put_float":  # floats a map owns alone are rewritten in place
+                column_put([m], kgs, keys, 0, np.arange(len(keys), dtype=np.float64) + 0.5, op[2])
+            else:  # a TTL read that refreshes (and removes what expired)
+                column_get([m], kgs, keys, 0, op[2], ttl, True)
+        elif kind == "set_ts":
+            m.set_timestamp(op[1], 0, op[2])
+        elif kind == "touch":
+            m.get_touch(op[1], 0, op[2])
+        elif kind == "refresh":
+            m.get_unexpired(op[1], 0, op[2], ttl, refresh=True)
+        elif kind == "remove":
+            m.remove(op[1], 0)
+        elif kind == "snapshot":
+            snaps.append(m.snapshot())
+        elif kind == "release" and snaps:
+            snaps.pop(0).release()
+        elif kind in ("sweep", "full_sweep"):
+            now = op[1]
+            before = live_ts()
+            due = {k for k, ts in before.items() if expired(ts, ttl, now)}
+            assert maps_may_expire([m], now, ttl) or not due, "a map with expired entries would be skipped"
+            ran = expired(m.expiry_floor, ttl, now)
+            removed = m.sweep_expired(now, ttl, op[2] if kind == "sweep" else None)
+            after = live_ts()
+            gone = set(before) - set(after)
+            assert gone <= due and removed == len(gone)
+            assert {k: before[k] for k in after} == after
+            if kind == "full_sweep":
+                assert gone == due
+                if ran:  # a whole round: the floor is the least timestamp left
+                    assert m.expiry_floor == min(after.values(), default=NO_TIMESTAMP)
+        ts = live_ts()
+        assert m.expiry_floor <= min(ts.values(), default=NO_TIMESTAMP)
+    for s in snaps:
+        s.release()
+
+
+def test_sweeps_skip_a_map_where_nothing_has_expired_and_resume_when_something_does() -> None:
+    m = CopyOnWriteStateMap()
+    assert m.expiry_floor == NO_TIMESTAMP and not maps_may_expire([m, None], 10**12, 1)
+    for k in range(1000):
+        m.put(k, 0, k, 1000 + k)
+    assert m.expiry_floor == 1000
+    assert not maps_may_expire([m], 1099, 100) and m.sweep_expired(1099, 100, None) == 0
+    assert maps_may_expire([None, m], 1100, 100)
+    assert m.sweep_expired(1100, 100, None) == 1  # key 0 expired
+    assert m.expiry_floor == 1001  # the full round raised the floor
+    m.set_timestamp(500, 0, 7)  # a write below the floor lowers it
+    assert m.expiry_floor == 7 and maps_may_expire([m], 107, 100)
+    with pytest.raises(TypeError, match="CopyOnWriteStateMap or None"):
+        maps_may_expire([m, "x"], 0, 1)
+    with pytest.raises(ValueError, match="ttl must be > 0"):
+        maps_may_expire([m], 0, 0)
+
+
+def _write_paths() -> dict:
+    """Each way a write gives key 5 of a map the timestamp 200."""
+    kgs, key = np.zeros(1, dtype=np.int32), np.array([5], dtype=np.int64)
+    return {
+        "put": lambda m: m.put(5, 0, "w", 200),
+        "replace": lambda m: m.replace(5, 0, "w", 200),
+        "set_timestamp": lambda m: m.set_timestamp(5, 0, 200),
+        "get_touch": lambda m: m.get_touch(5, 0, 200),
+        "refresh": lambda m: m.get_unexpired(5, 0, 200, 1000, refresh=True),
+        "put_many": lambda m: m.put_many(key, 0, ["w"], 200),
+        "column_put": lambda m: column_put([m], kgs, key, 0, np.array([7], dtype=np.int64), 200),
+        "column_put_float": lambda m: column_put([m], kgs, key, 0, np.array([2.5]), 200),
+        "column_refresh": lambda m: column_get([m], kgs, key, 0, 200, 1000, True),
+        "transform": lambda m: m.transform(5, 0, 1, lambda a, b: b, 200),
+    }
+
+
+@pytest.mark.parametrize("path", sorted(_write_paths()))
+@pytest.mark.parametrize("shared", [False, True], ids=["alone", "with_snapshot"])
+def test_every_write_below_the_floor_lowers_it(path: str, shared: bool) -> None:
+    m = CopyOnWriteStateMap()
+    kgs, key = np.zeros(1, dtype=np.int32), np.array([5], dtype=np.int64)
+    column_put([m], kgs, key, 0, np.array([1.5]), 300)  # a float the map owns alone
+    m.put(6, 0, "x", 300)
+    snap = m.snapshot() if shared else None
+    _write_paths()[path](m)
+    assert m.timestamp(5, 0) == 200
+    assert m.expiry_floor <= 200 and maps_may_expire([m], 200 + 50, 50)
+    assert m.sweep_expired(250, 50, None) == 1 and m.timestamp(5, 0) is None
+    if snap is not None:
+        snap.release()

@@ -63,6 +63,9 @@ class MapTable(StateTable):
     def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
         return self.users[kg].sweep(now, self.ttl, max_entries)  # type: ignore[union-attr]
 
+    def may_expire(self) -> bool:
+        return True  # the user entries' maps keep no expiry floor
+
     def export(self, snap: Any, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:  # a FlatMapSnapshot
         """``(key, namespace, user_key, value, ts)`` per user entry, each key's
         entries in insertion order (see ``KeyGroupUserMap.export``)."""

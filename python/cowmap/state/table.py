@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from cowmap._context import KeyContext, StateView, TableCopier
-from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing
+from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing, maps_may_expire
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.ttl import StateVisibility, UpdateType, expired
 
@@ -184,8 +184,13 @@ class StateTable:
             self.tick(len(kgs))
 
     def tick(self, n: int) -> None:
-        """``n`` accesses' worth of cleanup steps at once (a batch of requests)."""
+        """``n`` accesses' worth of cleanup steps at once (a batch of requests).
+        When no entry can have expired (``may_expire``) the steps due are
+        skipped: each would find nothing."""
         self.ticks -= n
+        if self.ticks <= 0 and n > 1 and not self.may_expire():
+            self.ticks = self._interval
+            return
         while self.ticks <= 0:
             over = self.ticks
             self.run_cleanup()
@@ -219,6 +224,11 @@ class StateTable:
                 self._interval *= 2
                 self._idle_sweeps = 0
         self.ticks = self._interval
+
+    def may_expire(self) -> bool:
+        """Whether an entry may have expired now: False when the maps' expiry
+        floors (``CopyOnWriteStateMap.expiry_floor``) say none has. O(maps)."""
+        return maps_may_expire(self.maps, self.now(), self.ttl)
 
     def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
         """Remove expired entries of key group ``kg`` (whole states expire together
