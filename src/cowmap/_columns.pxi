@@ -146,6 +146,8 @@ cdef class ColumnLocations:
         cdef const int64_t[::1] b
         if self.keys is None or namespace is not self.ns or type(keys) is tuple:
             return False
+        if keys is self.keys:
+            return True
         a = keys
         b = self.keys
         return a.shape[0] == b.shape[0] and (a.shape[0] == 0 or memcmp(&a[0], &b[0], a.shape[0] * sizeof(int64_t)) == 0)
@@ -154,6 +156,17 @@ cdef class ColumnLocations:
         """The read's key groups (an int32 array) when ``keys`` (an int64 array)
         and ``namespace`` are the last read's, else None."""
         return self.kgs if self._matches(keys, namespace) else None
+
+    def reuse(self, keys, namespace):
+        """``(keys, key groups)`` of the last read when ``keys`` is a 1-D int64
+        numpy array equal to its keys and ``namespace`` is its namespace (the
+        read's own copy of the keys, so nothing is copied again), else None."""
+        cdef const int64_t[::1] a
+        if self.keys is None or namespace is not self.ns or type(keys) is not type(self.keys):
+            return None
+        if keys.dtype != self.keys.dtype or keys.ndim != 1 or not keys.flags.c_contiguous:
+            return None
+        return (self.keys, self.kgs) if self._matches(keys, namespace) else None
 
     def clear(self):
         """Forget the last read (its keys and locations)."""
@@ -183,7 +196,7 @@ cdef int _release_refs(PyObject **out, Py_ssize_t start, Py_ssize_t n) noexcept:
 
 def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=False,
                default=None, bint return_expired=False, int out_type=COL_LIST, bint peek=False,
-               bint exact=False, ColumnLocations locations=None):
+               bint exact=False, ColumnLocations locations=None, bint keys_private=False):
     """Read ``keys[i]`` (an int64 array or a tuple) in ``namespace`` from
     ``maps[kgs[i]]`` (``kgs`` an int32 array) for every row, in order; returns
     ``(values, status)``.
@@ -202,7 +215,9 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
     floats; numpy scalars and anything else are refused): another state is a
     ``TypeError`` naming its key, raised once the reads are done. With
     ``locations``, an int64 column's rows' entries are recorded there for a
-    ``column_put`` of the same column (see ``ColumnLocations``). O(len(keys)).
+    ``column_put`` of the same column (see ``ColumnLocations``), keeping
+    ``keys`` itself when ``keys_private`` (a copy nothing else can change), else
+    a copy of it. O(len(keys)).
     """
     import numpy as np
     if out_type == COL_INT64 and default is None:
@@ -247,7 +262,7 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
     try:
         cm_col_run(&col.c)
         if col.c.locs != NULL and locations.gen == gen:  # else a read started meanwhile: none stand
-            locations.keys = np.array(keys, dtype=np.int64, copy=True)
+            locations.keys = keys if keys_private else np.array(keys, dtype=np.int64, copy=True)
         if out_type == COL_LIST:
             lst = _list_new(n)
             values = <object>lst
@@ -262,6 +277,9 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                     s = <PyObject *>default
                     Py_INCREF(default)
                 _list_set(lst, i, s)
+            return values, status
+        if col.c.typed_live == n:  # every row live and read into the array: nothing else to do
+            status.fill(1)
             return values, status
         if out_type == COL_INT64:
             for i in range(n):
@@ -308,7 +326,8 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
             return values, status
         raise ValueError(f"out_type must be COL_LIST, COL_INT64 or COL_FLOAT64, got {out_type}")
     finally:
-        _release_refs(out, 0, n)
+        if col.c.typed_live != n:  # else no row holds a reference
+            _release_refs(out, 0, n)
         PyMem_Free(out)
 
 

@@ -130,6 +130,8 @@ cdef extern from "cowmap_core.h":
         uint32_t *locs
         cm_colmark *marks
         Py_ssize_t located
+        Py_ssize_t typed_live
+        Py_ssize_t nslow
     int cm_col_run(cm_col *c) except -1
     uint32_t cm_nfree(const cm_map *m)
 

@@ -23,6 +23,7 @@ cdef extern from "Python.h":
 cdef extern from "keyhash.h":
     int32_t kh_murmur(int32_t code)
     int32_t kh_int64(int64_t v)
+    void kh_int64_groups_pow2(const int64_t *keys, int32_t *out, Py_ssize_t n, uint32_t mask) nogil
     int kh_hash(object key, int32_t *out, int depth) except -1
 
 cdef inline int _check_max_parallelism(long max_parallelism) except -1:
@@ -134,8 +135,8 @@ def column_key_groups(keys, long max_parallelism, long lo, long hi):
     result = np.empty(n, dtype=np.int32)
     out = result
     if pow2:  # kh_murmur is non-negative: % is a mask, without a division per key
-        for i in range(n):
-            out[i] = <int32_t>(<uint32_t>kh_murmur(kh_int64(arr[i])) & mask)
+        if n:
+            kh_int64_groups_pow2(&arr[0], &out[0], n, mask)
     else:
         for i in range(n):
             out[i] = <int32_t>(kh_murmur(kh_int64(arr[i])) % max_parallelism)

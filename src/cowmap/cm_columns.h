@@ -36,7 +36,8 @@ typedef struct {
     const int64_t *ikeys;   /* int64 keys, or NULL */
     PyObject **okeys;       /* object keys: the items of a list the caller holds, or NULL */
     const int32_t *kgs;     /* the key group of each row, an index into maps (checked by the caller) */
-    cm_map **maps;          /* per key group: its map (the caller holds a reference), NULL = none */
+    cm_map **maps;          /* per key group: its map (the caller holds a reference), NULL = none;
+                             * set only for the key groups of the rows (each map entered once) */
     Py_ssize_t nmaps;
     PyObject *ns;
     /* GET: with ttl > 0 an expired entry is removed and its state returned
@@ -69,6 +70,8 @@ typedef struct {
     uint32_t *locs;
     struct cm_colmark *marks;
     Py_ssize_t located;     /* PUT: the rows written through locs */
+    Py_ssize_t typed_live;  /* GET: the live rows the fast read wrote to iout/fout (all: nothing in out) */
+    Py_ssize_t nslow;       /* the rows a fast pass left to the general one (CM_ROW_SLOW) */
 } cm_col;
 
 /* A map as a GET left it: the same map (address and serial: the mark holds
@@ -351,6 +354,12 @@ CM_ALWAYS_INLINE static inline void cm_crow_stages(cm_crow *ring, Py_ssize_t i, 
     if (j >= 0 && j < n) cm_crow_next(&ring[j & (CM_CR - 1u)]);
 }
 
+/* Row j's number was written to iout/fout (CM_ROW_TYPED): counted when live. */
+CM_ALWAYS_INLINE static inline void cm_col_typed(cm_col *c, Py_ssize_t j) {
+    c->typed_live += c->status[j] == CM_ROW_LIVE;
+    c->status[j] |= CM_ROW_TYPED;
+}
+
 /* Pipelined int64 GET over all rows, for maps that nothing can move during
  * it: the pipeline of cm_batch_read_run, across maps. Each row's slot address
  * and head entry are found once and carried down the ring. A row it cannot
@@ -377,10 +386,10 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         if (!r->m) {
             if (!c->maps[kg]) { c->status[j] = CM_ROW_ABSENT; continue; }
             slow[kg] = 1;
-            c->status[j] = CM_ROW_SLOW;
+            c->status[j] = CM_ROW_SLOW; c->nslow++;
             continue;
         }
-        if (slow[kg]) { c->status[j] = CM_ROW_SLOW; continue; }
+        if (slow[kg]) { c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
         cm_entry *hit = NULL;
         uint32_t hi = r->head ? *r->slot : 0u; /* the index of x below (nothing moves in a read) */
         p.ikey = r->k; p.hash = r->h;
@@ -391,11 +400,11 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         }
         if (!hit) { c->status[j] = CM_ROW_ABSENT; continue; }
         if (ttl && cm_expired(hit->ts, c->ttl, c->now)) {
-            if (!c->peek) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
+            if (!c->peek) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
             c->status[j] = CM_ROW_EXPIRED;
         } else {
             if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
-                if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; continue; }
+                if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
                 hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
                 cm_ts_note(r->m, c->now);
                 cm_changed(r->m, hi);
@@ -405,17 +414,17 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         }
         PyObject *st = hit->state;
         if (cm_tagged(st)) {
-            if (c->iout) { c->iout[j] = cm_tag_value(st); c->status[j] |= CM_ROW_TYPED; continue; }
+            if (c->iout) { c->iout[j] = cm_tag_value(st); cm_col_typed(c, j); continue; }
             if (!(c->out[j] = cm_state_ref(st))) return -1;
             continue;
         }
         if (c->iout && PyLong_CheckExact(st)) { /* a typed read: the number itself, no reference */
             int overflow = 0;
             int64_t v = cm_as_int64(st, &overflow);
-            if (!overflow) { c->iout[j] = v; c->status[j] |= CM_ROW_TYPED; continue; }
+            if (!overflow) { c->iout[j] = v; cm_col_typed(c, j); continue; }
         } else if (c->fout && PyFloat_CheckExact(st)) {
             c->fout[j] = PyFloat_AS_DOUBLE(st);
-            c->status[j] |= CM_ROW_TYPED;
+            cm_col_typed(c, j);
             continue;
         }
         if (r->m->dirty && cm_mutable_state(st)) cm_changed(r->m, hi);
@@ -444,20 +453,30 @@ static Py_ssize_t cm_col_put_located(cm_col *c, uint8_t *ok) {
         ok[k] = m && mk->m == m && mk->serial == m->serial && mk->mod == m->mod_count &&
                 mk->version == m->version && cm_col_fast_write_map(m);
     }
+    cm_entry *ring[CM_LD]; /* each row's entry, found once as it is prefetched */
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_LD; i++) {
-        if (i < n && c->locs[i] && ok[c->kgs[i]]) cm_prefetch_entry(c->maps[c->kgs[i]], c->locs[i]);
         Py_ssize_t j = i - (Py_ssize_t)CM_LD;
-        if (j < 0) continue;
+        cm_entry *e = j >= 0 ? ring[j & (CM_LD - 1u)] : NULL;
+        if (i < n) {
+            uint32_t w = c->locs[i];
+            cm_entry *x = w && ok[c->kgs[i]] ? cm_E(c->maps[c->kgs[i]], w) : NULL;
+            if (x) { CM_PREFETCH_W(x); CM_PREFETCH_W((const char *)x + sizeof(cm_entry) - 1); }
+            ring[i & (CM_LD - 1u)] = x;
+        }
+        if (!e || !cm_intkey(e) || e->key.i != c->ikeys[j]) continue; /* not the read's: cannot be, checked anyway */
+        cm_map *m = c->maps[c->kgs[j]];
         uint32_t w = c->locs[j];
-        int32_t kg = c->kgs[j];
-        if (!w || !ok[kg]) continue;
-        cm_map *m = c->maps[kg];
-        const cm_entry *e = cm_E(m, w);
-        if (!cm_intkey(e) || e->key.i != c->ikeys[j]) continue; /* not the read's: cannot be, checked anyway */
-        if (!cm_col_rewrite(m, w, c, j)) {
-            PyObject *st = cm_col_state(c, j);
+        if (!c->fstates || !cm_col_rewrite(m, w, c, j)) {
+            PyObject *st = cm_col_state(c, j), *old = e->state;
             if (!st) return -1;
-            cm_set_state(m, w, st, cm_col_ts(c, j));
+            /* cm_set_state, on the entry in hand */
+            int64_t ts = cm_col_ts(c, j);
+            cm_changed(m, w);
+            e->state = st;
+            e->sv = m->version;
+            e->ts = ts;
+            cm_ts_note(m, ts);
+            cm_grave(m, old);
         }
         c->status[j] = CM_ROW_DONE;
         done++;
@@ -490,7 +509,7 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         cm_map *m = r->m;
         if (!m || slow[kg] || !cm_col_fast_write_map(m) || (c->states && (!c->states[j] || c->states[j] == Py_None))) {
             slow[kg] = 1;
-            c->status[j] = CM_ROW_SLOW;
+            c->status[j] = CM_ROW_SLOW; c->nslow++;
             continue;
         }
         /* resolve afresh: the pipeline's slot and head were hints */
@@ -532,28 +551,32 @@ static int cm_col_no_removal(const cm_col *c) {
     return 1;
 }
 
-/* Enter the maps of the column's rows (each once), or none: a busy map fails
- * the column before anything is done. rows[kg] counts the rows of each map. */
-static int cm_col_enter(const cm_col *c, uint32_t *rows) {
-    for (Py_ssize_t i = 0; i < c->n; i++) {
-        int32_t kg = c->kgs[i];
-        if (c->maps[kg] && rows[kg]++ == 0 && cm_enter(c->maps[kg]) < 0) {
-            rows[kg] = 0;
-            for (Py_ssize_t k = 0; k < c->nmaps; k++)
-                if (rows[k] && c->maps[k]) { cm_leave(c->maps[k]); rows[k] = 0; }
+/* Enter the maps of the column's rows (each once: c->maps holds only
+ * theirs), or none: a busy map fails the column before anything is done. */
+static int cm_col_enter(const cm_col *c) {
+    for (Py_ssize_t k = 0; k < c->nmaps; k++) {
+        if (c->maps[k] && cm_enter(c->maps[k]) < 0) {
+            while (k-- > 0)
+                if (c->maps[k]) cm_leave(c->maps[k]);
             return -1;
         }
     }
     return 0;
 }
 
-static void cm_col_leave(const cm_col *c, const uint32_t *rows) {
+static void cm_col_leave(const cm_col *c) {
+    uint32_t *rows = NULL; /* the rows of each map, counted only for a map with items to reclaim */
+    for (Py_ssize_t k = 0; k < c->nmaps && !rows; k++)
+        if (c->maps[k] && c->maps[k]->nrq && (rows = PyMem_RawCalloc((size_t)c->nmaps, sizeof(uint32_t))))
+            for (Py_ssize_t i = 0; i < c->n; i++) rows[c->kgs[i]]++;
     for (Py_ssize_t k = 0; k < c->nmaps; k++) {
         cm_map *m = c->maps[k];
-        if (!rows[k] || !m) continue;
-        if (m->nrq) cm_reclaim_some(m, 2 * (size_t)rows[k]); /* as a batch of the map's rows would */
+        if (!m) continue;
+        /* as a batch of the map's rows would (without the count, for want of memory: a step's) */
+        if (m->nrq) cm_reclaim_some(m, rows ? 2 * (size_t)rows[k] : CM_RECLAIM_PER_OP);
         cm_leave(m);
     }
+    PyMem_RawFree(rows);
 }
 
 /* Run the column: 0, or -1 with an exception set (rows before the failing one done). */
@@ -564,11 +587,10 @@ static int cm_col_run(cm_col *c) {
     if (c->op == CM_COL_GET && c->ttl != 0 && cm_check_ttl(c->ttl) < 0) return -1;
     cm_probe *probes = cm_col_probes(c, hn);
     if (!probes && !c->ikeys) return -1;
-    uint32_t *rows = PyMem_Calloc((size_t)(c->nmaps ? c->nmaps : 1), sizeof(uint32_t));
-    if (!rows) { PyMem_Free(probes); PyErr_NoMemory(); return -1; }
     int r = -1, own_status = 0;
     uint8_t *slow = NULL;
-    if (cm_col_enter(c, rows) < 0) goto out;
+    c->typed_live = c->nslow = 0;
+    if (cm_col_enter(c) < 0) goto out;
     uint32_t ring[CM_CR];
     for (Py_ssize_t j = 0; j < c->n && j < (Py_ssize_t)CM_CD; j++)
         ring[j] = c->ikeys ? cm_composite(cm_int_hash(c->ikeys[j]), hn) : probes[j].hash;
@@ -576,11 +598,11 @@ static int cm_col_run(cm_col *c) {
     int fast = !COWMAP_PLAIN_BATCH && c->op != CM_COL_REMOVE && c->op != CM_COL_CONTAINS && c->ikeys;
     if (fast) {
         slow = PyMem_Calloc((size_t)(c->nmaps ? c->nmaps : 1), 1);
-        if (!slow) { PyErr_NoMemory(); cm_col_leave(c, rows); goto out; }
+        if (!slow) { PyErr_NoMemory(); cm_col_leave(c); goto out; }
         if (c->op != CM_COL_GET && !c->status) {
             /* the put pass marks the rows it leaves in a status array of its own */
             c->status = PyMem_Calloc((size_t)(c->n ? c->n : 1), 1);
-            if (!c->status) { PyErr_NoMemory(); cm_col_leave(c, rows); goto out; }
+            if (!c->status) { PyErr_NoMemory(); cm_col_leave(c); goto out; }
             own_status = 1;
         }
         Py_ssize_t done = 0;
@@ -592,12 +614,13 @@ static int cm_col_run(cm_col *c) {
         }
         if (done < 0 || (done < c->n && (c->op == CM_COL_GET ? cm_col_read_fast(c, hn, slow)
                                                              : cm_col_put_fast(c, hn, slow)) < 0)) {  /* PUT, FOLD */
-            cm_col_leave(c, rows);
+            cm_col_leave(c);
             goto out;
         }
     }
-    Py_ssize_t i;
-    for (i = 0; i < c->n; i++) {
+    Py_ssize_t i = 0;
+    if (fast && !c->nslow) i = c->n; /* the fast pass did every row */
+    for (; i < c->n; i++) {
         if (fast) {
             if (c->status[i] != CM_ROW_SLOW) continue;
             c->status[i] = CM_ROW_ABSENT;
@@ -620,17 +643,16 @@ static int cm_col_run(cm_col *c) {
     if (c->op == CM_COL_GET && c->locs && r == 0)
         for (Py_ssize_t k = 0; k < c->nmaps; k++) {
             const cm_map *m = c->maps[k];
-            int held = m && rows[k] && slow && !slow[k] && cm_col_fast_write_map(m);
+            int held = m && slow && !slow[k] && cm_col_fast_write_map(m);
             c->marks[k].m = held ? m : NULL;
             c->marks[k].serial = held ? m->serial : 0;
             c->marks[k].mod = held ? m->mod_count : 0;
             c->marks[k].version = held ? m->version : 0;
         }
-    cm_col_leave(c, rows);
+    cm_col_leave(c);
 out:
     if (own_status) { PyMem_Free(c->status); c->status = NULL; }
     PyMem_Free(slow);
-    PyMem_Free(rows);
     PyMem_Free(probes);
     return r;
 }

@@ -49,6 +49,18 @@ static inline int32_t kh_int64(int64_t v) {
     return (int32_t)(uint32_t)(u ^ (u >> 32));                      /* Long.hashCode */
 }
 
+/* The key group of each int64 key, for a power-of-two max parallelism
+ * (mask = max parallelism - 1): Flink's murmurHash of Java's hashCode. Pure
+ * arithmetic with no branch, so the compiler vectorises the loop; on x86-64
+ * an AVX2 build of it is picked at load time where the CPU has AVX2 (the
+ * baseline has no 32-bit vector multiply), which makes it ~3x faster. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__GLIBC__)
+__attribute__((target_clones("avx2", "default")))
+#endif
+static void kh_int64_groups_pow2(const int64_t *keys, int32_t *out, Py_ssize_t n, uint32_t mask) {
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = (int32_t)((uint32_t)kh_murmur(kh_int64(keys[i])) & mask);
+}
+
 /* BigInteger.hashCode: 31-polynomial over the big-endian 32-bit words of |v|,
  * times the sign. Only for ints beyond int64, so public calls are fast enough. */
 static int kh_bigint(PyObject *v, int32_t *out) {

@@ -78,3 +78,26 @@ def test_queued_items_still_needed_by_an_older_snapshot_survive() -> None:
     assert m.reclaim() == 0
     assert m.memory_stats()["retained_entries"] == 0
     assert len(m) == n
+
+
+def test_a_column_call_reclaims_in_proportion_to_its_rows_in_each_map() -> None:
+    from cowmap._core import column_get
+
+    n = 20_000
+    maps = [CopyOnWriteStateMap(), CopyOnWriteStateMap(), None]
+    for m in maps[:2]:
+        m.put_many(np.arange(n, dtype=np.int64), 0, [State(k) for k in range(n)])
+        snap = m.snapshot()
+        _rewrite_all(m, n)
+        snap.release()
+    pending = [m.memory_stats()["reclaim_pending"] for m in maps[:2]]
+    assert min(pending) > 200
+    keys = np.arange(100, dtype=np.int64)
+    kgs = np.array([0] * 90 + [1] * 10, dtype=np.int32)  # 90 rows in map 0, 10 in map 1
+    column_get(maps, kgs, keys, 0)
+    freed = [p - m.memory_stats()["reclaim_pending"] for p, m in zip(pending, maps[:2])]
+    # two items a row, as a batch of each map's rows reclaims (on top of a step's, as any call)
+    assert freed[0] - freed[1] == 2 * (90 - 10) and freed[1] >= 2 * 10
+    maps[0].reclaim()
+    maps[1].reclaim()
+    assert all(m.memory_stats()["retained_entries"] == 0 for m in maps[:2])

@@ -297,3 +297,26 @@ def test_a_failed_typed_read_loses_no_expired_value() -> None:
     with pytest.raises(ValueError, match="needs default="):
         s.get_many(np.array([1, 2]), dtype="int64")
     assert s.get_many([1, 1]) == [42, None]  # returned once, then gone
+
+
+def test_a_write_after_a_read_sees_the_keys_as_they_are_when_it_is_called() -> None:
+    """The write after a read reuses the read's own copy of the keys and their
+    key groups only while the caller's column still equals them: a column
+    changed in place in between is read afresh, row by row."""
+    b = KeyedStateBackend(MAX_PAR)
+    s = b.get_state(ValueStateDescriptor("v", default_value=0))
+    keys = np.arange(100, dtype=np.int64)
+    s.update_many(keys, keys)
+    vals = s.get_many(keys, dtype=np.int64) + 1
+    keys[:10] += 1000  # changed between the read and the write
+    s.update_many(keys, vals)
+    assert s.get_many(np.arange(10, dtype=np.int64), dtype=np.int64).tolist() == list(range(10))
+    assert s.get_many(keys[:10], dtype=np.int64).tolist() == list(range(1, 11))
+    assert s.get_many(np.arange(10, 100, dtype=np.int64), dtype=np.int64).tolist() == list(range(11, 101))
+    # a read's own copy is never the caller's: writing through the same array twice stays right
+    again = np.arange(100, dtype=np.int64)
+    s.update_many(again, s.get_many(again, dtype=np.int64) * 0 + 7)
+    again[:] = 5000
+    s.update_many(again[:1], np.array([1], dtype=np.int64))
+    assert s.get_many(np.arange(100, dtype=np.int64), dtype=np.int64).tolist() == [7] * 100
+    assert s.get_many(np.array([5000]), dtype=np.int64).tolist() == [1]

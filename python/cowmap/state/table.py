@@ -337,7 +337,6 @@ class State(StateView):
         when it holds a read of the same keys, as this backend computed them."""
         from cowmap.state.columns import key_column  # numpy: loaded by the first columnar call
 
-        ks = key_column(keys)
         if namespace is None:
             namespace = self._ns
         else:
@@ -347,6 +346,11 @@ class State(StateView):
                 raise TypeError(
                     f"namespace must be hashable, got {type(namespace).__name__} {namespace!r}"
                 ) from None
+        if locations is not None:
+            same = locations.reuse(keys, namespace)  # the read's own copy and key groups
+            if same is not None:
+                return same[0], same[1], namespace
+        ks = key_column(keys)
         kgs = None if locations is None else locations.kgs_for(ks, namespace)
         if kgs is None:
             kgs = self._kc.column_key_groups(ks)
@@ -381,8 +385,9 @@ class State(StateView):
         """The table's maps, with a map made for every key group of ``kgs``
         that has none (what a column of writes needs)."""
         t = self._t
-        for kg in column_missing(t.maps, kgs):
-            t.map_for_write(kg)
+        if None in t.maps:  # else every key group has its map already
+            for kg in column_missing(t.maps, kgs):
+                t.map_for_write(kg)
         return t.maps
 
     def _column_ticks(self, n: int) -> None:

@@ -129,10 +129,12 @@ class ValueState(AsyncValueMethods, State):
         if t.ttl:
             values, status = column_get(
                 t.maps, kgs, ks, ns, self._kc.now(), t.ttl, t.update_on_read, dflt, t.return_expired, code,
-                locations=loc,
+                locations=loc, keys_private=True,
             )
         else:
-            values, status = column_get(t.maps, kgs, ks, ns, 0, 0, False, dflt, False, code, locations=loc)
+            values, status = column_get(
+                t.maps, kgs, ks, ns, 0, 0, False, dflt, False, code, locations=loc, keys_private=True
+            )
         if default is _DESCRIPTOR and self._fresh_default and code == COL_LIST:
             hidden = status != 1 if not t.return_expired else status == 0
             for i in np.flatnonzero(hidden).tolist():
