@@ -301,10 +301,12 @@ typedef struct {
 /* The fast passes' second stage for row r, whose slot has arrived: its head
  * entry, requested whole (a TTL read needs its ts). In a write pass the slot
  * is a hint: an insert may have changed it, and the row is resolved afresh. */
-CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r) {
+CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r, int hot) {
     uint32_t e = r->slot ? *r->slot : 0u;
     r->head = e ? cm_E(r->m, e) : NULL;
-    if (e) cm_prefetch_entry(r->m, e);
+    if (!e) return;
+    if (hot) cm_prefetch_hot(r->m, e);
+    else cm_prefetch_entry(r->m, e);
 }
 
 /* The third stage, the head having arrived: the chain's next entry if the head
@@ -339,7 +341,8 @@ CM_ALWAYS_INLINE static inline void cm_crow_start(cm_crow *r, const cm_col *c, P
     r->k = c->ikeys[i];
     r->h = cm_mix(cm_int_hash(r->k), nsmix);
     r->slot = NULL;
-    r->m = m && !slow[kg] && (write ? cm_col_fast_write_map(m) : cm_col_fast_map(m)) ? m : NULL;
+    /* a read's maps were checked once (cm_col_read_fast marks the others slow) */
+    r->m = m && !slow[kg] && (!write || cm_col_fast_write_map(m)) ? m : NULL;
     if (r->m && !(write && c->status[i] == CM_ROW_DONE)) {
         const uint32_t *slot = cm_slot_at(m, r->h);
         if (slot) { CM_PREFETCH(slot); r->slot = slot; }
@@ -347,9 +350,9 @@ CM_ALWAYS_INLINE static inline void cm_crow_start(cm_crow *r, const cm_col *c, P
 }
 
 /* Stages two and three for the rows CM_CD/3 and 2*CM_CD/3 behind row i. */
-CM_ALWAYS_INLINE static inline void cm_crow_stages(cm_crow *ring, Py_ssize_t i, Py_ssize_t n) {
+CM_ALWAYS_INLINE static inline void cm_crow_stages(cm_crow *ring, Py_ssize_t i, Py_ssize_t n, int hot) {
     Py_ssize_t j = i - (Py_ssize_t)(CM_CD / 3);
-    if (j >= 0 && j < n) cm_crow_head(&ring[j & (CM_CR - 1u)]);
+    if (j >= 0 && j < n) cm_crow_head(&ring[j & (CM_CR - 1u)], hot);
     j = i - (Py_ssize_t)(2 * CM_CD / 3);
     if (j >= 0 && j < n) cm_crow_next(&ring[j & (CM_CR - 1u)]);
 }
@@ -373,12 +376,16 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
     const Py_ssize_t n = c->n;
     const uint32_t nsmix = cm_fmix32(cm_fold(hn));
     const int ttl = c->ttl > 0;
+    /* without TTL a read needs an entry up to its state: the first 32 bytes */
+    const int hot = !ttl;
     cm_crow ring[CM_CR];
     cm_probe p;
     p.key = NULL; p.is_int = 1; p.ns = c->ns;
+    for (Py_ssize_t k = 0; k < c->nmaps; k++) /* nothing a read does changes this */
+        if (c->maps[k] && !cm_col_fast_map(c->maps[k])) slow[k] = 1;
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
         if (i < n) cm_crow_start(&ring[i & (CM_CR - 1u)], c, i, nsmix, slow, 0);
-        cm_crow_stages(ring, i, n);
+        cm_crow_stages(ring, i, n, hot);
         Py_ssize_t j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
         const cm_crow *r = &ring[j & (CM_CR - 1u)];
@@ -500,7 +507,7 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
     p.key = NULL; p.is_int = 1; p.ns = c->ns;
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
         if (i < n) cm_crow_start(&ring[i & (CM_CR - 1u)], c, i, nsmix, slow, 1);
-        cm_crow_stages(ring, i, n);
+        cm_crow_stages(ring, i, n, 0);
         Py_ssize_t j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
         const cm_crow *r = &ring[j & (CM_CR - 1u)];
