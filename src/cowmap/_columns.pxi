@@ -4,7 +4,7 @@
 
 from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.ref cimport Py_DECREF
-from libc.string cimport memcmp
+from libc.string cimport memcmp, memcpy
 
 
 cdef extern from "Python.h":
@@ -32,12 +32,17 @@ cdef class _Column:
     cdef object kgs_arr
     cdef const int32_t[::1] kgs
     cdef const int64_t[::1] ikeys
+    cdef uint8_t *seen      # per map: whether a row names its key group
 
     def __dealloc__(self):
         PyMem_Free(self.c.maps)
         PyMem_Free(self.c.okeys)
+        PyMem_Free(self.seen)
 
-    cdef int setup(self, int op, list maps, object kgs, object keys, object namespace) except -1:
+    cdef int setup(self, int op, list maps, object kgs, object keys, object namespace,
+                   const uint8_t *seen=NULL) except -1:
+        """``seen``: the key groups of the rows (one byte per map) when known
+        (a read's of the same key groups), else found here."""
         cdef Py_ssize_t i, n, nmaps = len(maps)
         cdef int32_t kg
         cdef uint8_t *checked = NULL
@@ -69,29 +74,28 @@ cdef class _Column:
             self.c.kgs = &self.kgs[0]
         self.c.nmaps = nmaps
         self.c.maps = <cm_map **>PyMem_Calloc(nmaps if nmaps else 1, sizeof(cm_map *))
-        checked = <uint8_t *>PyMem_Calloc(nmaps if nmaps else 1, 1)
+        self.seen = checked = <uint8_t *>PyMem_Calloc(nmaps if nmaps else 1, 1)
         if self.c.maps == NULL or checked == NULL:
-            PyMem_Free(checked)
             raise MemoryError()
-        try:
-            for i in range(n):
-                kg = self.kgs[i]
-                if kg < 0 or kg >= nmaps:
-                    raise ValueError(f"key group {kg} of row {i} is not within 0..{nmaps - 1}")
-                if checked[kg]:
-                    continue
-                checked[kg] = 1
-                m = maps[kg]
-                if type(m) is CopyOnWriteStateMap:
-                    self.held.append(m)
-                    self.c.maps[kg] = &(<CopyOnWriteStateMap>m).m
-                elif m is None:
-                    if op == CM_COL_PUT or op == CM_COL_FOLD:
-                        raise ValueError(f"no map for key group {kg} (row {i}): a write needs its key group's map")
-                else:
-                    raise TypeError(f"maps[{kg}] must be a CopyOnWriteStateMap or None, not {type(m).__name__}")
-        finally:
-            PyMem_Free(checked)
+        # the bounds are checked whatever `seen` says: c.maps is indexed by them
+        i = cm_col_seen(&self.kgs[0], n, nmaps, checked if seen == NULL else NULL) if n else -1
+        if i >= 0:
+            raise ValueError(f"key group {self.kgs[i]} of row {i} is not within 0..{nmaps - 1}")
+        if seen != NULL:
+            memcpy(checked, seen, nmaps)
+        for kg in range(nmaps):
+            if not checked[kg]:
+                continue
+            m = maps[kg]
+            if type(m) is CopyOnWriteStateMap:
+                self.held.append(m)
+                self.c.maps[kg] = &(<CopyOnWriteStateMap>m).m
+            elif m is None:
+                if op == CM_COL_PUT or op == CM_COL_FOLD:
+                    i = next((r for r in range(n) if self.kgs[r] == kg), -1)
+                    raise ValueError(f"no map for key group {kg} (row {i}): a write needs its key group's map")
+            else:
+                raise TypeError(f"maps[{kg}] must be a CopyOnWriteStateMap or None, not {type(m).__name__}")
         return 0
 
 
@@ -114,6 +118,7 @@ cdef class ColumnLocations:
     # bumps gen so the first read knows its locations no longer stand.
     cdef object locs_arr    # uint32, one per row: the entry index, 0 = none
     cdef object marks_arr   # bytes of one cm_colmark per map
+    cdef bytes seen         # per map: whether a row of the read names its key group
     cdef uint32_t *locs
     cdef cm_colmark *marks
     cdef Py_ssize_t nmaps
@@ -139,6 +144,7 @@ cdef class ColumnLocations:
         col.c.marks = self.marks
         self.kgs = kgs
         self.ns = namespace
+        self.seen = (<char *>col.seen)[:col.c.nmaps]
         return 0
 
     cdef bint _matches(self, object keys, object namespace):
@@ -341,14 +347,19 @@ def column_put(list maps not None, kgs, keys, namespace, states, ts=NO_TIMESTAMP
     ``column_get``'s, used when ``keys`` and ``namespace`` are that read's.
     Not atomic: when a row fails, the rows before it are written. O(len(keys))."""
     cdef _Column col = _Column()
-    col.setup(CM_COL_PUT, maps, kgs, keys, namespace)
+    cdef bint located = False
+    cdef const uint8_t *seen = NULL
     held = None
     if locations is not None:
         locations.written = 0
-        if locations._matches(keys, namespace) and locations.nmaps == col.c.nmaps:
-            held = (locations.locs_arr, locations.marks_arr)  # alive for the run (see ColumnLocations)
-            col.c.locs = locations.locs
-            col.c.marks = locations.marks
+        located = locations._matches(keys, namespace) and locations.nmaps == len(maps)
+        if located and kgs is locations.kgs:  # the read's key groups: so the maps it found them in
+            seen = <const uint8_t *><char *>locations.seen
+    col.setup(CM_COL_PUT, maps, kgs, keys, namespace, seen)
+    if located:
+        held = (locations.locs_arr, locations.marks_arr)  # alive for the run (see ColumnLocations)
+        col.c.locs = locations.locs
+        col.c.marks = locations.marks
     cdef Py_ssize_t i, n = col.c.n
     cdef const int64_t[::1] iv
     cdef const int64_t[::1] tv

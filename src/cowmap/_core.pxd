@@ -75,6 +75,7 @@ cdef extern from "cowmap_core.h":
 
     int cm_check_ttl(int64_t ttl) except -1
     int cm_expired(int64_t ts, int64_t ttl, int64_t now)
+    void CM_PREFETCH(const void *p)
     object cm_get_unexpired(cm_map *m, object key, object ns, int64_t now, int64_t ttl, int refresh, object expired)
     object cm_get_touch(cm_map *m, object key, object ns, int64_t ts)
     int cm_replace(cm_map *m, object key, object ns, object state, int64_t ts) except -1
@@ -133,6 +134,7 @@ cdef extern from "cowmap_core.h":
         Py_ssize_t typed_live
         Py_ssize_t nslow
     int cm_col_run(cm_col *c) except -1
+    Py_ssize_t cm_col_seen(const int32_t *kgs, Py_ssize_t n, Py_ssize_t nmaps, uint8_t *seen)
     uint32_t cm_nfree(const cm_map *m)
 
 

@@ -962,7 +962,10 @@ def maps_may_expire(list maps not None, now, ttl):
             continue
         if type(m) is not CopyOnWriteStateMap:
             raise TypeError(f"maps must hold CopyOnWriteStateMap or None, not {type(m).__name__}")
-        if cm_expired((<CopyOnWriteStateMap>m).m.ts_floor, c_ttl, c_now):
+        # the maps' floors are scattered, each likely a cache miss: request them all first
+        CM_PREFETCH(&(<CopyOnWriteStateMap>m).m.ts_floor)
+    for m in maps:
+        if m is not None and cm_expired((<CopyOnWriteStateMap>m).m.ts_floor, c_ttl, c_now):
             return True
     return False
 

@@ -102,6 +102,23 @@ static inline void cm_col_probe(const cm_col *c, const cm_probe *probes, Py_hash
     }
 }
 
+/* The check of a column's key groups: the first row whose key group is not
+ * within 0..nmaps-1, or -1 (then, with `seen`, seen[kg] is set for each key
+ * group of the rows). Branch-free passes (the first vectorises): a per-row
+ * check with a branch on seen cost 0.5 ns a row. */
+static Py_ssize_t cm_col_seen(const int32_t *kgs, Py_ssize_t n, Py_ssize_t nmaps, uint8_t *seen) {
+    const uint32_t end = nmaps > (Py_ssize_t)INT32_MAX ? (uint32_t)INT32_MAX + 1u : (uint32_t)nmaps;
+    uint32_t over = 0;
+    for (Py_ssize_t i = 0; i < n; i++) over |= (uint32_t)kgs[i] >= end;
+    if (over) {
+        for (Py_ssize_t i = 0; i < n; i++)
+            if ((uint32_t)kgs[i] >= end) return i;
+    }
+    if (seen)
+        for (Py_ssize_t i = 0; i < n; i++) seen[kgs[i]] = 1;
+    return -1;
+}
+
 /* Object keys hashed before anything is written: a key whose __hash__ fails
  * fails the column with nothing done. */
 static cm_probe *cm_col_probes(const cm_col *c, Py_hash_t hn) {
@@ -301,12 +318,10 @@ typedef struct {
 /* The fast passes' second stage for row r, whose slot has arrived: its head
  * entry, requested whole (a TTL read needs its ts). In a write pass the slot
  * is a hint: an insert may have changed it, and the row is resolved afresh. */
-CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r, int hot) {
+CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r) {
     uint32_t e = r->slot ? *r->slot : 0u;
     r->head = e ? cm_E(r->m, e) : NULL;
-    if (!e) return;
-    if (hot) cm_prefetch_hot(r->m, e);
-    else cm_prefetch_entry(r->m, e);
+    if (e) cm_prefetch_entry(r->m, e);
 }
 
 /* The third stage, the head having arrived: the chain's next entry if the head
@@ -331,31 +346,59 @@ static inline int cm_col_fast_write_map(const cm_map *m) {
     return !m->rehash.capacity && !m->required;
 }
 
-/* The fast passes' first stage for row i: its map (NULL when the pass cannot
- * take the map: see cm_col_fast_map and cm_col_fast_write_map), hash and key,
- * and its slot, requested. */
+/* The fast write's first stage for row i: its map (NULL when the pass cannot
+ * take the map: see cm_col_fast_write_map), hash and key, and its slot,
+ * requested. */
 CM_ALWAYS_INLINE static inline void cm_crow_start(cm_crow *r, const cm_col *c, Py_ssize_t i, uint32_t nsmix,
-                                                  const uint8_t *slow, int write) {
+                                                  const uint8_t *slow) {
     int32_t kg = c->kgs[i];
     cm_map *m = c->maps[kg];
     r->k = c->ikeys[i];
     r->h = cm_mix(cm_int_hash(r->k), nsmix);
     r->slot = NULL;
-    /* a read's maps were checked once (cm_col_read_fast marks the others slow) */
-    r->m = m && !slow[kg] && (!write || cm_col_fast_write_map(m)) ? m : NULL;
-    if (r->m && !(write && c->status[i] == CM_ROW_DONE)) {
+    r->m = m && !slow[kg] && cm_col_fast_write_map(m) ? m : NULL;
+    if (r->m && c->status[i] != CM_ROW_DONE) {
         const uint32_t *slot = cm_slot_at(m, r->h);
         if (slot) { CM_PREFETCH(slot); r->slot = slot; }
     }
 }
 
 /* Stages two and three for the rows CM_CD/3 and 2*CM_CD/3 behind row i. */
-CM_ALWAYS_INLINE static inline void cm_crow_stages(cm_crow *ring, Py_ssize_t i, Py_ssize_t n, int hot) {
+CM_ALWAYS_INLINE static inline void cm_crow_stages(cm_crow *ring, Py_ssize_t i, Py_ssize_t n) {
     Py_ssize_t j = i - (Py_ssize_t)(CM_CD / 3);
-    if (j >= 0 && j < n) cm_crow_head(&ring[j & (CM_CR - 1u)], hot);
+    if (j >= 0 && j < n) cm_crow_head(&ring[j & (CM_CR - 1u)]);
     j = i - (Py_ssize_t)(2 * CM_CD / 3);
     if (j >= 0 && j < n) cm_crow_next(&ring[j & (CM_CR - 1u)]);
 }
+
+/* A map as the fast read sees it, copied into one small array per call: a
+ * row's lookup then reads no map header, pages array or chunk table pointer
+ * of its own (with 128 maps those are ~800 scattered cache lines, enough to
+ * miss the L1 cache on most rows). Nothing a read does moves them. */
+typedef struct {
+    const uint32_t *slots;      /* the slots, when the table is one page; else NULL */
+    cm_page *const *pages;      /* NULL: the read does not take the map's rows (none, or not fast) */
+    cm_entry *const *chunks;
+    uint32_t mask, shift;       /* capacity - 1, page_shift */
+} cm_cview;
+
+/* The slot of hash h in map view v (whose pages are set). */
+CM_ALWAYS_INLINE static inline const uint32_t *cm_cview_slot(const cm_cview *v, uint32_t h) {
+    uint32_t b = h & v->mask;
+    if (CM_LIKELY(v->slots != NULL)) return &v->slots[b];
+    const cm_page *pg = v->pages[b >> v->shift];
+    return pg ? &pg->slots[b & ((1u << v->shift) - 1u)] : NULL;
+}
+
+/* A row of the fast read in flight: its map view, hash and key, then its
+ * slot, then its head entry and that entry's index. */
+typedef struct {
+    const cm_cview *v;          /* NULL: the row has no map, or its map goes the general way */
+    const uint32_t *slot;
+    const cm_entry *head;
+    uint32_t h, hi;
+    int64_t k;
+} cm_rrow;
 
 /* Row j's number was written to iout/fout (CM_ROW_TYPED): counted when live. */
 CM_ALWAYS_INLINE static inline void cm_col_typed(cm_col *c, Py_ssize_t j) {
@@ -376,33 +419,70 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
     const Py_ssize_t n = c->n;
     const uint32_t nsmix = cm_fmix32(cm_fold(hn));
     const int ttl = c->ttl > 0;
-    /* without TTL a read needs an entry up to its state: the first 32 bytes */
-    const int hot = !ttl;
-    cm_crow ring[CM_CR];
+    cm_rrow ring[CM_CR];
     cm_probe p;
     p.key = NULL; p.is_int = 1; p.ns = c->ns;
-    for (Py_ssize_t k = 0; k < c->nmaps; k++) /* nothing a read does changes this */
-        if (c->maps[k] && !cm_col_fast_map(c->maps[k])) slow[k] = 1;
+    cm_cview *views = PyMem_Malloc((size_t)(c->nmaps ? c->nmaps : 1) * sizeof(cm_cview));
+    if (!views) { PyErr_NoMemory(); return -1; }
+    for (Py_ssize_t k = 0; k < c->nmaps; k++) {
+        const cm_map *m = c->maps[k];
+        cm_cview *v = &views[k];
+        memset(v, 0, sizeof(*v));
+        if (!m) continue;
+        if (!cm_col_fast_map(m) || !m->primary.capacity) { slow[k] = 1; continue; }
+        v->pages = m->primary.pages;
+        v->slots = m->primary.npages == 1 && m->primary.pages[0] ? m->primary.pages[0]->slots : NULL;
+        v->chunks = m->chunks;
+        v->mask = m->primary.capacity - 1u;
+        v->shift = m->primary.page_shift;
+    }
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
-        if (i < n) cm_crow_start(&ring[i & (CM_CR - 1u)], c, i, nsmix, slow, 0);
-        cm_crow_stages(ring, i, n, hot);
+        if (i < n) { /* stage one: the slot, requested */
+            cm_rrow *r = &ring[i & (CM_CR - 1u)];
+            int32_t kg = c->kgs[i];
+            const cm_cview *v = &views[kg];
+            r->k = c->ikeys[i];
+            r->h = cm_mix(cm_int_hash(r->k), nsmix);
+            r->slot = NULL;
+            r->v = v->pages && !slow[kg] ? v : NULL;
+            if (r->v && (r->slot = cm_cview_slot(v, r->h))) CM_PREFETCH(r->slot);
+        }
+        Py_ssize_t t = i - (Py_ssize_t)(CM_CD / 3);
+        if (t >= 0 && t < n) { /* stage two: the head entry, requested (without TTL up to its state) */
+            cm_rrow *r = &ring[t & (CM_CR - 1u)];
+            uint32_t e = r->slot ? *r->slot : 0u;
+            r->hi = e;
+            r->head = e ? cm_E_in(r->v->chunks, e) : NULL;
+            if (e) {
+                CM_PREFETCH(r->head);
+                CM_PREFETCH((const char *)r->head + (ttl ? sizeof(cm_entry) : offsetof(cm_entry, ts)) - 1);
+            }
+        }
+        t = i - (Py_ssize_t)(2 * CM_CD / 3);
+        if (t >= 0 && t < n) { /* stage three: a collision's next entry, or the state */
+            const cm_rrow *r = &ring[t & (CM_CR - 1u)];
+            const cm_entry *x = r->head;
+            if (x && !cm_hash_is(x, r->h)) { if (x->next) CM_PREFETCH(cm_E_in(r->v->chunks, x->next)); }
+            else if (x) cm_prefetch_state(x->state);
+        }
         Py_ssize_t j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
-        const cm_crow *r = &ring[j & (CM_CR - 1u)];
+        const cm_rrow *r = &ring[j & (CM_CR - 1u)];
         int32_t kg = c->kgs[j];
-        if (!r->m) {
+        if (!r->v) {
             if (!c->maps[kg]) { c->status[j] = CM_ROW_ABSENT; continue; }
             slow[kg] = 1;
             c->status[j] = CM_ROW_SLOW; c->nslow++;
             continue;
         }
         if (slow[kg]) { c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
+        cm_map *m = c->maps[kg];
         cm_entry *hit = NULL;
-        uint32_t hi = r->head ? *r->slot : 0u; /* the index of x below (nothing moves in a read) */
+        uint32_t hi = r->hi; /* the index of x below (nothing moves in a read) */
         p.ikey = r->k; p.hash = r->h;
-        for (const cm_entry *x = r->head; x; hi = x->next, x = x->next ? cm_E(r->m, x->next) : NULL) {
+        for (const cm_entry *x = r->head; x; hi = x->next, x = x->next ? cm_E(m, x->next) : NULL) {
             int eq = cm_match(x, &p);
-            if (eq < 0) return -1;
+            if (eq < 0) goto fail;
             if (eq) { hit = (cm_entry *)x; break; }
         }
         if (!hit) { c->status[j] = CM_ROW_ABSENT; continue; }
@@ -411,10 +491,10 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             c->status[j] = CM_ROW_EXPIRED;
         } else {
             if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
-                if (cm_ev(hit) < r->m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
+                if (cm_ev(hit) < m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
                 hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
-                cm_ts_note(r->m, c->now);
-                cm_changed(r->m, hi);
+                cm_ts_note(m, c->now);
+                cm_changed(m, hi);
             }
             c->status[j] = CM_ROW_LIVE;
             if (c->locs) c->locs[j] = hi;
@@ -422,7 +502,7 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         PyObject *st = hit->state;
         if (cm_tagged(st)) {
             if (c->iout) { c->iout[j] = cm_tag_value(st); cm_col_typed(c, j); continue; }
-            if (!(c->out[j] = cm_state_ref(st))) return -1;
+            if (!(c->out[j] = cm_state_ref(st))) goto fail;
             continue;
         }
         if (c->iout && PyLong_CheckExact(st)) { /* a typed read: the number itself, no reference */
@@ -434,11 +514,15 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             cm_col_typed(c, j);
             continue;
         }
-        if (r->m->dirty && cm_mutable_state(st)) cm_changed(r->m, hi);
+        if (m->dirty && cm_mutable_state(st)) cm_changed(m, hi);
         Py_INCREF(st);
         c->out[j] = st;
     }
+    PyMem_Free(views);
     return 0;
+fail:
+    PyMem_Free(views);
+    return -1;
 }
 
 #define CM_LD 16u   /* rows between requesting a located row's entry and writing it */
@@ -454,11 +538,19 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
 static Py_ssize_t cm_col_put_located(cm_col *c, uint8_t *ok) {
     const Py_ssize_t n = c->n;
     Py_ssize_t done = 0;
+    /* what a row's write needs of its map, in one small array (see cm_cview) */
+    typedef struct { cm_entry *const *chunks; uint32_t version; uint8_t track, wrote; } cm_pview;
+    cm_pview *views = PyMem_Calloc((size_t)(c->nmaps ? c->nmaps : 1), sizeof(cm_pview));
+    if (!views) { PyErr_NoMemory(); return -1; }
     for (Py_ssize_t k = 0; k < c->nmaps; k++) {
         const cm_map *m = c->maps[k];
         const cm_colmark *mk = &c->marks[k];
         ok[k] = m && mk->m == m && mk->serial == m->serial && mk->mod == m->mod_count &&
                 mk->version == m->version && cm_col_fast_write_map(m);
+        if (!ok[k]) continue;
+        views[k].chunks = m->chunks;
+        views[k].version = m->version;
+        views[k].track = m->dirty != NULL;
     }
     cm_entry *ring[CM_LD]; /* each row's entry, found once as it is prefetched */
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_LD; i++) {
@@ -466,28 +558,34 @@ static Py_ssize_t cm_col_put_located(cm_col *c, uint8_t *ok) {
         cm_entry *e = j >= 0 ? ring[j & (CM_LD - 1u)] : NULL;
         if (i < n) {
             uint32_t w = c->locs[i];
-            cm_entry *x = w && ok[c->kgs[i]] ? cm_E(c->maps[c->kgs[i]], w) : NULL;
+            int32_t kg = c->kgs[i];
+            cm_entry *x = w && ok[kg] ? cm_E_in(views[kg].chunks, w) : NULL;
             if (x) { CM_PREFETCH_W(x); CM_PREFETCH_W((const char *)x + sizeof(cm_entry) - 1); }
             ring[i & (CM_LD - 1u)] = x;
         }
         if (!e || !cm_intkey(e) || e->key.i != c->ikeys[j]) continue; /* not the read's: cannot be, checked anyway */
-        cm_map *m = c->maps[c->kgs[j]];
+        int32_t kg = c->kgs[j];
+        cm_pview *v = &views[kg];
         uint32_t w = c->locs[j];
-        if (!c->fstates || !cm_col_rewrite(m, w, c, j)) {
+        if (!c->fstates || !cm_col_rewrite(c->maps[kg], w, c, j)) {
             PyObject *st = cm_col_state(c, j), *old = e->state;
-            if (!st) return -1;
+            if (!st) { done = -1; break; }
             /* cm_set_state, on the entry in hand */
             int64_t ts = cm_col_ts(c, j);
-            cm_changed(m, w);
+            if (v->track) cm_changed(c->maps[kg], w);
             e->state = st;
-            e->sv = m->version;
+            e->sv = v->version;
             e->ts = ts;
-            cm_ts_note(m, ts);
-            cm_grave(m, old);
+            if (c->tss) cm_ts_note(c->maps[kg], ts);
+            v->wrote = 1;
+            if (!cm_tagged(old)) cm_grave(c->maps[kg], old);
         }
         c->status[j] = CM_ROW_DONE;
         done++;
     }
+    for (Py_ssize_t k = 0; k < c->nmaps; k++) /* the one timestamp the rows wrote, noted once per map */
+        if (views[k].wrote && !c->tss) cm_ts_note(c->maps[k], c->ts);
+    PyMem_Free(views);
     return done;
 }
 
@@ -506,8 +604,8 @@ static int cm_col_put_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
     cm_probe p;
     p.key = NULL; p.is_int = 1; p.ns = c->ns;
     for (Py_ssize_t i = 0; i < n + (Py_ssize_t)CM_CD; i++) {
-        if (i < n) cm_crow_start(&ring[i & (CM_CR - 1u)], c, i, nsmix, slow, 1);
-        cm_crow_stages(ring, i, n, 0);
+        if (i < n) cm_crow_start(&ring[i & (CM_CR - 1u)], c, i, nsmix, slow);
+        cm_crow_stages(ring, i, n);
         Py_ssize_t j = i - (Py_ssize_t)CM_CD;
         if (j < 0) continue;
         const cm_crow *r = &ring[j & (CM_CR - 1u)];

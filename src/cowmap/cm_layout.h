@@ -302,14 +302,17 @@ static inline size_t cm_chunk_bytes(uint32_t c) {
     return n * sizeof(cm_entry);
 }
 
-CM_ALWAYS_INLINE static inline cm_entry *cm_E(const cm_map *m, uint32_t i) {
+/* Entry i of a map whose chunk table is `chunks`. */
+CM_ALWAYS_INLINE static inline cm_entry *cm_E_in(cm_entry *const *chunks, uint32_t i) {
     if (CM_LIKELY(i >= CM_GEO_END)) {
         uint32_t d = i - CM_GEO_END;
-        return m->chunks[CM_GEO_CHUNKS + (d >> CM_BIG_BITS)] + (d & ((1u << CM_BIG_BITS) - 1u));
+        return chunks[CM_GEO_CHUNKS + (d >> CM_BIG_BITS)] + (d & ((1u << CM_BIG_BITS) - 1u));
     }
     uint32_t c = cm_chunk_of(i);
-    return m->chunks[c] + (i - cm_chunk_start(c));
+    return chunks[c] + (i - cm_chunk_start(c));
 }
+
+CM_ALWAYS_INLINE static inline cm_entry *cm_E(const cm_map *m, uint32_t i) { return cm_E_in(m->chunks, i); }
 
 static inline uint32_t cm_ev(const cm_entry *e) { return e->ev; }
 static inline int cm_intkey(const cm_entry *e) { return (e->hash & CM_F_INTKEY) != 0; }
