@@ -159,6 +159,7 @@ cdef extern from "flatmap.h":
         uint32_t required
         uint32_t gdepth
         uint64_t mod_count
+        int64_t ts_floor
 
     ctypedef struct fm_snap:
         uint32_t version
@@ -173,6 +174,10 @@ cdef extern from "flatmap.h":
                             object expired)
     object fm_remove_and_get_old(fm_map *m, object key, object ns)
     int fm_contains(fm_map *m, object key, object ns) except -1
+    int fm_enter(fm_map *m) except -1
+    void fm_leave(fm_map *m)
+    void fm_col_lookup(fm_map *const *maps, const int32_t *kgs, const int64_t *ukeys, const int64_t *nss,
+                       Py_ssize_t n, int64_t now, int64_t ttl, uint8_t *out)
     int fm_timestamp(fm_map *m, object key, object ns, int64_t *ts) except -1
     int fm_replace(fm_map *m, object key, object ns, object state, int64_t ts) except -1
     void fm_hint_at(const fm_map *m, uint32_t h, int stage)

@@ -951,21 +951,29 @@ cdef list _multi(int op, list maps, list kgs, list keys, list namespaces, list s
     return out
 
 
+cdef inline int64_t *_floor_of(object m):
+    """Where map ``m`` keeps its expiry floor."""
+    if type(m) is CopyOnWriteStateMap:
+        return &(<CopyOnWriteStateMap>m).m.ts_floor
+    return &(<FlatStateMap>m).m.ts_floor
+
+
 def maps_may_expire(list maps not None, now, ttl):
-    """Whether an entry of any map in ``maps`` (``CopyOnWriteStateMap`` or
-    None) may have expired at ``now`` (see ``expiry_floor``): False means a
-    sweep of any of them would find nothing. O(len(maps))."""
+    """Whether an entry of any map in ``maps`` (``CopyOnWriteStateMap``,
+    ``FlatStateMap`` or None) may have expired at ``now`` (see their
+    ``expiry_floor``): False means a sweep of any of them would find nothing.
+    O(len(maps))."""
     cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
     cm_check_ttl(c_ttl)
     for m in maps:
         if m is None:
             continue
-        if type(m) is not CopyOnWriteStateMap:
-            raise TypeError(f"maps must hold CopyOnWriteStateMap or None, not {type(m).__name__}")
+        if type(m) is not CopyOnWriteStateMap and type(m) is not FlatStateMap:
+            raise TypeError(f"maps must hold CopyOnWriteStateMap, FlatStateMap or None, not {type(m).__name__}")
         # the maps' floors are scattered, each likely a cache miss: request them all first
-        CM_PREFETCH(&(<CopyOnWriteStateMap>m).m.ts_floor)
+        CM_PREFETCH(_floor_of(m))
     for m in maps:
-        if m is not None and cm_expired((<CopyOnWriteStateMap>m).m.ts_floor, c_ttl, c_now):
+        if m is not None and cm_expired(_floor_of(m)[0], c_ttl, c_now):
             return True
     return False
 

@@ -141,6 +141,14 @@ cdef class FlatStateMap:
         _sweep_args(max_entries, removed, &n, &sink)
         return fm_sweep(&self.m, _as_time(now, "now"), _as_ts(ttl, "ttl"), n, sink)
 
+    @property
+    def expiry_floor(self):
+        """A bound no entry's timestamp is below (``NO_TIMESTAMP`` when none
+        has one): while it has not expired, no entry has, and ``sweep_expired``
+        returns 0 at once. Lowered by every write of a timestamp, raised by a
+        full sweep (``max_entries=None``)."""
+        return self.m.ts_floor
+
     def snapshot(self, cut=False):
         """A :class:`FlatMapSnapshot` of the map as it is now; with ``cut``, a
         checkpoint's cut too (as :meth:`CopyOnWriteStateMap.snapshot` says;
@@ -289,3 +297,60 @@ cdef class _FlatSnapshotIterator:
         if e == NULL:
             raise StopIteration
         return cm_entry_tuple(<const void *>e, self.with_ts)
+
+
+def flat_column_lookup(list maps not None, kgs, keys, namespaces, now=0, ttl=0):
+    """Look up ``(keys[i], namespaces[i])`` in ``maps[kgs[i]]`` for every row, reading
+    only: ``keys`` and ``namespaces`` int64 arrays (the namespaces stored as int
+    objects: a MapState's keys under its user keys), ``kgs`` an int32 array,
+    ``maps`` FlatStateMap or None. Returns a uint8 array: 1 live, 0 absent,
+    2 expired at ``now`` (``ttl`` > 0; left in place), 3 undecided (an entry of
+    the row's hash whose key or namespace is no int, which may equal it: look
+    the row up the general way). No Python object is made or called, so the
+    rows' answers are those of one moment. O(len(keys)).
+    """
+    import numpy as np
+    cdef const int32_t[::1] kv = kgs
+    cdef const int64_t[::1] uv = keys
+    cdef const int64_t[::1] nv = namespaces
+    cdef Py_ssize_t i, k, n = kv.shape[0], nmaps = len(maps)
+    if uv.shape[0] != n or nv.shape[0] != n:
+        raise ValueError(f"columns of different lengths: {n} key groups, {uv.shape[0]} keys, {nv.shape[0]} namespaces")
+    cdef int64_t c_now = _as_time(now, "now"), c_ttl = _as_ts(ttl, "ttl")
+    if c_ttl != 0:
+        cm_check_ttl(c_ttl)
+    out = np.zeros(n, dtype=np.uint8)
+    if n == 0:
+        return out
+    cdef uint8_t[::1] ov = out
+    cdef uint8_t *seen = <uint8_t *>PyMem_Calloc(nmaps if nmaps else 1, 1)
+    cdef fm_map **fms = <fm_map **>PyMem_Calloc(nmaps if nmaps else 1, sizeof(fm_map *))
+    held = []
+    try:
+        if seen == NULL or fms == NULL:
+            raise MemoryError()
+        i = cm_col_seen(&kv[0], n, nmaps, seen)
+        if i >= 0:
+            raise ValueError(f"key group {kv[i]} of row {i} is not within 0..{nmaps - 1}")
+        for k in range(nmaps):
+            if not seen[k] or maps[k] is None:
+                continue
+            if type(maps[k]) is not FlatStateMap:
+                raise TypeError(f"maps[{k}] must be a FlatStateMap or None, not {type(maps[k]).__name__}")
+            held.append(maps[k])
+        entered = 0
+        try:
+            for m in held:  # each map once; a busy one fails the call before anything is read
+                fm_enter(&(<FlatStateMap>m).m)
+                entered += 1
+            for k in range(nmaps):
+                if seen[k] and maps[k] is not None:
+                    fms[k] = &(<FlatStateMap>maps[k]).m
+            fm_col_lookup(fms, &kv[0], &uv[0], &nv[0], n, c_now, c_ttl, &ov[0])
+        finally:
+            for m in held[:entered]:
+                fm_leave(&(<FlatStateMap>m).m)
+    finally:
+        PyMem_Free(seen)
+        PyMem_Free(fms)
+    return out

@@ -94,6 +94,10 @@ typedef struct {
     unsigned long owner; /* while busy: the thread that made it so (cm_busy_error) */
     cm_ptrvec grave;
     uint32_t sweep_dir, sweep_slot; /* incremental sweep position */
+    /* No live entry has a ts below it (as cm_map.ts_floor): lowered by every
+     * ts written (fm_ts_note), raised by a full sweep; while it has not
+     * expired, sweeps have nothing to look for. */
+    int64_t ts_floor;
     int tracking;      /* changes since a checkpoint cut are recorded (segments' dirty bits) */
     cm_gonelog gone;   /* entries removed since the cut */
 } fm_map;
@@ -286,6 +290,7 @@ static int fm_init(fm_map *m, uint32_t max_shift) {
     memset(m, 0, sizeof(*m));
     m->version = 1;
     m->max_shift = max_shift;
+    m->ts_floor = INT64_MAX; /* no entry */
     m->dir = PyMem_RawMalloc(sizeof(fm_dent));
     m->segs = PyMem_RawMalloc(sizeof(fm_seg *));
     fm_seg *s = m->dir && m->segs ? fm_seg_new(FM_MIN_SHIFT < max_shift ? FM_MIN_SHIFT : max_shift, 0, m->version) : NULL;
@@ -505,6 +510,10 @@ static PyObject *fm_read_state(fm_map *m, uint32_t k, uint32_t i) {
 
 /* ------------------------------------------------------------- operations */
 
+static inline void fm_ts_note(fm_map *m, int64_t ts) {
+    if (CM_UNLIKELY(ts < m->ts_floor)) m->ts_floor = ts;
+}
+
 /* Overwrites the state (borrowed) and ts of a live entry already made writable. */
 static inline void fm_set_state(fm_map *m, cm_entry *e, PyObject *state, int64_t ts) {
     Py_INCREF(state);
@@ -512,6 +521,7 @@ static inline void fm_set_state(fm_map *m, cm_entry *e, PyObject *state, int64_t
     e->state = state;
     e->sv = m->version;
     e->ts = ts;
+    fm_ts_note(m, ts);
 }
 
 /* 1 added, 0 overwritten, -1 error. `state` borrowed. */
@@ -541,6 +551,7 @@ static int fm_put(fm_map *m, PyObject *key, PyObject *ns, PyObject *state, int64
         Py_INCREF(state);
         e->state = state;
         e->ts = ts;
+        fm_ts_note(m, ts);
         e->sv = m->version;
         s->count++;
         m->size++;
@@ -598,7 +609,7 @@ static PyObject *fm_get_unexpired(fm_map *m, PyObject *key, PyObject *ns, int64_
         } else if (refresh && e->ts != now && fm_touch_at(m, k, i) < 0) {
             v = NULL;
         } else {
-            if (refresh && e->ts != now) { e->ts = now; fm_changed(m, e->hash); }
+            if (refresh && e->ts != now) { e->ts = now; fm_ts_note(m, now); fm_changed(m, e->hash); }
             v = fm_read_state(m, k, i);
         }
     }
@@ -612,6 +623,61 @@ static int fm_contains(fm_map *m, PyObject *key, PyObject *ns) {
     int r = fm_lookup(m, key, ns, &k, &i);
     if (r >= 0) fm_leave(m);
     return r;
+}
+
+/* What a column lookup found for a row (fm_col_lookup). */
+enum { FM_COL_ABSENT = 0, FM_COL_LIVE = 1, FM_COL_EXPIRED = 2, FM_COL_OTHER = 3 };
+#define FM_CD 32u   /* rows between requesting a row's home slot and deciding it */
+
+/* A column of lookups of int64 pairs, reading only: row i looks up the int
+ * key ukeys[i] with the int namespace nss[i] (stored as an int object: the
+ * key of MapState's user entries) in maps[kgs[i]] (NULL: absent), all with
+ * no Python object made or called. out[i] gets FM_COL_LIVE, FM_COL_ABSENT,
+ * FM_COL_EXPIRED (ttl > 0: expired at now, left in place) or FM_COL_OTHER:
+ * an entry of the row's hash whose key or namespace is no int of int64 (a
+ * float or a bool may equal an int), which only the general lookup can
+ * decide. Each row's home slot is requested FM_CD rows ahead, and the
+ * namespace object of its key's entry FM_CD/2 rows ahead (a third miss: the
+ * objects lie anywhere). The caller has entered every map of the rows. */
+static void fm_col_lookup(fm_map *const *maps, const int32_t *kgs, const int64_t *ukeys, const int64_t *nss,
+                          Py_ssize_t n, int64_t now, int64_t ttl, uint8_t *out) {
+    uint32_t ring[2u * FM_CD]; /* the rows' hashes, from request to decision */
+    const Py_ssize_t half = (Py_ssize_t)FM_CD / 2;
+    for (Py_ssize_t i = 0; i < n + (Py_ssize_t)FM_CD; i++) {
+        if (i < n && maps[kgs[i]]) {
+            uint32_t hi = cm_composite(cm_int_hash(ukeys[i]), cm_int_hash(nss[i]));
+            ring[i & (2u * FM_CD - 1u)] = hi;
+            fm_prefetch(maps[kgs[i]], hi);
+        }
+        Py_ssize_t t = i - half;
+        if (t >= 0 && t < n && maps[kgs[t]]) { /* the home slot has arrived: request the first candidate's namespace */
+            uint32_t h = ring[t & (2u * FM_CD - 1u)];
+            const cm_entry *e = fm_home(maps[kgs[t]], h);
+            if (fm_used(e) && fm_hash(e) == h && cm_intkey(e) && e->key.i == ukeys[t]) CM_PREFETCH(e->ns);
+        }
+        Py_ssize_t j = i - (Py_ssize_t)FM_CD;
+        if (j < 0) continue;
+        const fm_map *m = maps[kgs[j]];
+        out[j] = FM_COL_ABSENT;
+        if (!m) continue;
+        uint32_t h = ring[j & (2u * FM_CD - 1u)];
+        fm_dent d = m->dir[fm_dir_index(m, h)];
+        const cm_entry *E = fm_dent_e(d);
+        uint32_t mask = fm_dent_mask(d);
+        for (uint32_t s = h & mask;; s = (s + 1u) & mask) {
+            const cm_entry *e = &E[s];
+            if (!fm_used(e)) break;
+            if (fm_hash(e) != h) continue;
+            if (!cm_intkey(e)) { out[j] = FM_COL_OTHER; break; }
+            if (e->key.i != ukeys[j]) continue;
+            if (!PyLong_CheckExact(e->ns)) { out[j] = FM_COL_OTHER; break; }
+            int overflow = 0;
+            int64_t v = cm_as_int64(e->ns, &overflow);
+            if (overflow || v != nss[j]) continue;
+            out[j] = ttl > 0 && cm_expired(e->ts, ttl, now) ? FM_COL_EXPIRED : FM_COL_LIVE;
+            break;
+        }
+    }
 }
 
 /* 1 and *ts set when (key, ns) is mapped, 0 absent, -1 error. */
@@ -686,9 +752,12 @@ CM_ALWAYS_INLINE static inline void fm_hint_at(const fm_map *m, uint32_t h, int 
  * removed entry goes to `sink` (a list, or NULL) as (key, ns, state). Returns
  * the number removed, or -1. */
 static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_entries, PyObject *sink) {
-    if (cm_check_ttl(ttl) < 0 || fm_enter(m) < 0) return -1;
+    if (cm_check_ttl(ttl) < 0) return -1;
+    if (!cm_expired(m->ts_floor, ttl, now)) return 0; /* no entry has expired: nothing to look at */
+    if (fm_enter(m) < 0) return -1;
     Py_ssize_t removed = 0, examined = 0;
     int full = max_entries < 0;
+    int64_t least = INT64_MAX; /* a full pass: the least ts it leaves */
     uint64_t total = m->slots, scanned = 0;
     if (full) { m->sweep_dir = 0; m->sweep_slot = 0; }
     /* a bounded call looks at no more slots than the map has (a re-look after
@@ -711,7 +780,11 @@ static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
         scanned++;
         if (!fm_used(e)) { m->sweep_slot++; continue; }
         examined++;
-        if (!cm_expired(e->ts, ttl, now)) { m->sweep_slot++; continue; }
+        if (!cm_expired(e->ts, ttl, now)) {
+            if (e->ts < least) least = e->ts;
+            m->sweep_slot++;
+            continue;
+        }
         if (sink) {
             PyObject *tup = cm_entry_tuple(e, 0);
             int rc = tup ? PyList_Append(sink, tup) : -1;
@@ -722,7 +795,12 @@ static Py_ssize_t fm_sweep(fm_map *m, int64_t now, int64_t ttl, Py_ssize_t max_e
         removed++;
         /* slot i may now hold a later entry of the run: look at it again */
     }
-    if (full) { m->sweep_dir = 0; m->sweep_slot = 0; }
+    if (full) {
+        m->sweep_dir = 0; m->sweep_slot = 0;
+        /* one call saw every entry (a removal only moves entries back onto the
+         * slot it looks at again), and nothing else ran meanwhile */
+        if (removed >= 0) m->ts_floor = least;
+    }
     fm_leave(m);
     return removed;
 }

@@ -13,13 +13,14 @@ import sys
 import tracemalloc
 from typing import Any
 
+import numpy as np
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
 from cowmap import NO_TIMESTAMP
-from cowmap._core import EXPIRED, FlatStateMap
+from cowmap._core import EXPIRED, FlatStateMap, flat_column_lookup
 
 from core_helpers import CountingCopier, ListStates, PlainStates, as_dict
 from test_map_statemachine import INT64_MAX, INT64_MIN, KEYS, NAMESPACES, NOWS, OPT_TS, TTLS, SnapRecord, is_expired
@@ -438,3 +439,49 @@ def test_insertion_order_whether_the_sequence_is_dense_or_sparse(kept_every: int
         model[k] = None
     with m.snapshot() as s:
         assert [k for k, _, _, _ in s.iter_with_timestamps(insertion_order=True)] == list(model)
+
+
+# ---------------------------------------------------------------- column lookups of int pairs
+
+_PAIR_KEYS = st.one_of(st.integers(-3, 3), st.sampled_from([1.0, 2.0, True, False, 2**70, "a"]))
+_PAIR_NS = st.one_of(st.integers(-3, 3), st.sampled_from([1.0, True, 2**64, "n"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    puts=st.lists(st.tuples(_PAIR_KEYS, _PAIR_NS, st.integers(0, 50)), max_size=40),
+    removes=st.lists(st.tuples(_PAIR_KEYS, _PAIR_NS), max_size=10),
+    probes=st.lists(st.tuples(st.integers(-3, 3), st.integers(-3, 3), st.integers(0, 1)), max_size=30),
+    now=st.integers(0, 80),
+    ttl=st.sampled_from([0, 10, 40]),
+    snap=st.booleans(),
+)
+def test_a_column_lookup_of_int_pairs_is_each_rows_lookup(puts, removes, probes, now, ttl, snap) -> None:
+    """flat_column_lookup against a dict: each row is live, absent or expired as
+    a single lookup finds it, or undecided (3) only where an entry of another
+    type (a float, a bool, a big int, a str) could equal the row's pair."""
+    maps = [FlatStateMap(max_shift=4), None]
+    model: dict[tuple[Any, Any], int] = {}
+    for k, ns, ts in puts:
+        maps[0].put(k, ns, "v", ts)
+        model[(k, ns)] = ts  # Python equality: 1.0 and True replace 1, as the map does
+    s = maps[0].snapshot() if snap else None
+    for k, ns in removes:
+        maps[0].remove(k, ns)
+        model.pop((k, ns), None)
+    kgs = np.array([kg for _, _, kg in probes], dtype=np.int32)
+    keys = np.array([k for k, _, _ in probes], dtype=np.int64)
+    nss = np.array([ns for _, ns, _ in probes], dtype=np.int64)
+    got = flat_column_lookup(maps, kgs, keys, nss, now, ttl).tolist()
+    for (k, ns, kg), st_ in zip(probes, got):
+        live = kg == 0 and (k, ns) in model
+        want = (2 if ttl and is_expired(model[k, ns], ttl, now) else 1) if live else 0
+        stored = next((p for p in model if p == (k, ns)), None) if kg == 0 else None
+        exact = stored is not None and type(stored[0]) is int and type(stored[1]) is int
+        assert st_ == want or (st_ == 3 and not exact), (k, ns, kg, st_, want, stored)
+    if s is not None:
+        s.release()
+    with pytest.raises(ValueError, match="not within"):
+        flat_column_lookup(maps, np.array([2], dtype=np.int32), np.array([1]), np.array([1]))
+    with pytest.raises(TypeError, match="FlatStateMap or None"):
+        flat_column_lookup(["x"], np.array([0], dtype=np.int32), np.array([1]), np.array([1]))

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cowmap import NO_TIMESTAMP, CopyOnWriteStateMap
-from cowmap._core import EXPIRED, column_get, column_put, maps_may_expire, wall_clock_ms
+from cowmap._core import EXPIRED, FlatStateMap, column_get, column_put, maps_may_expire, wall_clock_ms
 
 from core_helpers import map_contents, snapshot_contents_ts
 
@@ -487,7 +487,7 @@ def test_sweeps_skip_a_map_where_nothing_has_expired_and_resume_when_something_d
     assert m.expiry_floor == 1001  # the full round raised the floor
     m.set_timestamp(500, 0, 7)  # a write below the floor lowers it
     assert m.expiry_floor == 7 and maps_may_expire([m], 107, 100)
-    with pytest.raises(TypeError, match="CopyOnWriteStateMap or None"):
+    with pytest.raises(TypeError, match="CopyOnWriteStateMap, FlatStateMap or None"):
         maps_may_expire([m, "x"], 0, 1)
     with pytest.raises(ValueError, match="ttl must be > 0"):
         maps_may_expire([m], 0, 0)
@@ -524,3 +524,23 @@ def test_every_write_below_the_floor_lowers_it(path: str, shared: bool) -> None:
     assert m.sweep_expired(250, 50, None) == 1 and m.timestamp(5, 0) is None
     if snap is not None:
         snap.release()
+
+
+def test_a_flat_maps_floor_skips_sweeps_until_something_can_have_expired() -> None:
+    """FlatStateMap keeps the same floor: every timestamp written lowers it (a
+    put, a replace, a refreshing read), and a full sweep raises it."""
+    f = FlatStateMap()
+    assert f.expiry_floor == NO_TIMESTAMP
+    for k in range(200):
+        f.put(k, "ns", k, 1000 + k)
+    assert f.expiry_floor == 1000 and not maps_may_expire([f], 1099, 100)
+    assert f.sweep_expired(1099, 100, 5) == 0 and len(f) == 200
+    assert maps_may_expire([f, None], 1100, 100)
+    assert f.sweep_expired(1100, 100, None) == 1 and f.expiry_floor == 1001
+    f.put(150, "ns", "w", 10)  # an overwrite
+    assert f.expiry_floor == 10
+    f.put(150, "ns", "w", 2000)
+    assert f.sweep_expired(1101, 100, None) == 1 and f.expiry_floor == 1002  # key 1
+    assert f.get_unexpired(7, "ns", 5, 10_000, refresh=True) == 7  # a refresh back in time
+    assert f.expiry_floor == 5 and f.sweep_expired(4_000, 10_000, None) == 0
+    assert f.timestamp(7, "ns") == 5

@@ -131,6 +131,43 @@ def test_columns_equal_the_loop(kind: str, data: Any) -> None:
     run(kind, pair, program)
 
 
+@st.composite
+def int_map_programs(draw: Any) -> list[tuple[Any, ...]]:
+    """MapState programs on integer keys and user keys in the default namespace
+    (the contains_many path that makes no Python object), with user keys that
+    are equal floats and bools put now and then (which that path must leave to
+    the general lookup), the clock moving (entries expire) and snapshots."""
+    out = []
+    for _ in range(draw(st.integers(1, 14))):
+        op = draw(st.sampled_from(["contains", "contains", "put", "put", "remove", "get", "tick", "snap", "check"]))
+        if op in ("contains", "put", "remove", "get"):
+            n = draw(st.integers(0, 12))
+            ks = draw(st.lists(st.integers(-1, 3), min_size=n, max_size=n))
+            uks: list[Any] = draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
+            form = draw(st.sampled_from(["numpy", "numpy", "pandas"]))
+            if op == "put" and draw(st.integers(0, 4)) == 0:  # an equal float or bool as the stored user key
+                uks = [float(u) if u % 2 else bool(u & 2) if u in (0, 2) else u for u in uks]
+                form = "list"
+            vs = draw(st.lists(st.integers(-5, 9), min_size=n, max_size=n))
+            out.append((op, ks, uks, vs, form, None))
+        elif op == "tick":
+            out.append((op, draw(st.integers(0, 20))))
+        elif op == "check":
+            out.append((op, draw(st.integers(0, 5)), draw(st.booleans())))
+        else:
+            out.append((op,))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_map_contains_many_of_int_columns_equals_the_loop(data: Any) -> None:
+    cfg = data.draw(ttl_configs())
+    pair = Pair(KINDS["map"][0], cfg, "get_map_state")
+    pair.col.set_current_key("current")
+    run("map", pair, data.draw(int_map_programs()))
+
+
 def test_reducing_get_many_dtype() -> None:
     b = KeyedStateBackend(MAX_PAR)
     s = b.get_reducing_state(ReducingStateDescriptor("r", np.add))

@@ -13,7 +13,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from cowmap._core import EXPIRED, NO_TIMESTAMP, FlatStateMap, multi_get, multi_replace, user_insert_many
+from cowmap._core import (
+    EXPIRED,
+    NO_TIMESTAMP,
+    FlatStateMap,
+    flat_column_lookup,
+    multi_get,
+    multi_replace,
+    user_insert_many,
+)
 from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncMapMethods
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
@@ -62,9 +70,6 @@ class MapTable(StateTable):
 
     def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
         return self.users[kg].sweep(now, self.ttl, max_entries)  # type: ignore[union-attr]
-
-    def may_expire(self) -> bool:
-        return True  # the user entries' maps keep no expiry floor
 
     def export(self, snap: Any, now: int | None, ttl: int) -> Iterator[tuple[Any, ...]]:  # a FlatMapSnapshot
         """``(key, namespace, user_key, value, ts)`` per user entry, each key's
@@ -327,16 +332,41 @@ class MapState(AsyncMapMethods, State):
 
     def contains_many(self, keys: Any, user_keys: Any, *, namespace: Any = None) -> Any:
         """``contains(user_key)`` for every row, in order: a numpy bool array.
-        One multi-map core call. O(len(keys))."""
-        ks, kgs, ns = self._column(keys, namespace)
-        uks = self._user_keys(user_keys, len(kgs))
-        out = self._column_lookup(ks, kgs, ns, uks)
-        self._column_ticks(len(kgs))
+        Integer keys and user keys in the default namespace are looked up in
+        one C pass that makes no Python object (a TTL state that refreshes on
+        read excepted); other columns in one multi-map core call. O(len(keys))."""
         import numpy as np
 
-        found = np.ones(len(out), dtype=np.bool_)
-        found[positions(out, _ABSENT)] = False
+        ks, kgs, ns = self._column(keys, namespace)
+        uk = self._int_column(user_keys, len(kgs))
+        t = self._t
+        if uk is not None and type(ks) is np.ndarray and ns is VOID_NAMESPACE and not t.update_on_read:
+            status = flat_column_lookup(t.maps, kgs, uk, ks, self._kc.now() if t.ttl else 0, t.ttl)
+            found = status == 1
+            rest = np.flatnonzero(status >= 2)
+            if len(rest):  # expired entries (the loop removes them) and undecided rows: as the loop, in order
+                out = self._column_lookup(ks[rest], kgs[rest], ns, uk[rest].tolist())
+                found[rest] = [v is not _ABSENT for v in out]
+        else:
+            out = self._column_lookup(ks, kgs, ns, self._user_keys(user_keys, len(kgs)))
+            found = np.ones(len(out), dtype=np.bool_)
+            found[positions(out, _ABSENT)] = False
+        self._column_ticks(len(kgs))
         return found
+
+    @staticmethod
+    def _int_column(user_keys: Any, n: int) -> Any:
+        """``user_keys`` as an int64 array when it is an integer column of ``n``
+        rows with no missing value, else None (the general path checks it)."""
+        import numpy as np
+
+        from cowmap.state.columns import value_column
+
+        try:
+            col = value_column(user_keys, n, "user_keys")
+        except (TypeError, ValueError):
+            return None
+        return col if type(col) is np.ndarray and col.dtype == np.int64 else None
 
     def put_many(self, keys: Any, user_keys: Any, values: Any, *, namespace: Any = None) -> None:
         """``put(user_key, value)`` for every row, in order, without changing the
