@@ -380,6 +380,11 @@ typedef struct {
     cm_page *const *pages;      /* NULL: the read does not take the map's rows (none, or not fast) */
     cm_entry *const *chunks;
     uint32_t mask, shift;       /* capacity - 1, page_shift */
+    /* whether a row's read needs the entry's ts: a TTL read, unless the map's
+     * expiry floor says no entry has expired and it does not refresh; without
+     * the ts a read needs an entry only up to its state (1.25 cache lines an
+     * entry instead of 1.5) */
+    int needs_ts;
 } cm_cview;
 
 /* The slot of hash h in map view v (whose pages are set). */
@@ -430,6 +435,7 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
         memset(v, 0, sizeof(*v));
         if (!m) continue;
         if (!cm_col_fast_map(m) || !m->primary.capacity) { slow[k] = 1; continue; }
+        v->needs_ts = ttl && ((c->refresh && !c->peek) || cm_expired(m->ts_floor, c->ttl, c->now));
         v->pages = m->primary.pages;
         v->slots = m->primary.npages == 1 && m->primary.pages[0] ? m->primary.pages[0]->slots : NULL;
         v->chunks = m->chunks;
@@ -448,14 +454,14 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (r->v && (r->slot = cm_cview_slot(v, r->h))) CM_PREFETCH(r->slot);
         }
         Py_ssize_t t = i - (Py_ssize_t)(CM_CD / 3);
-        if (t >= 0 && t < n) { /* stage two: the head entry, requested (without TTL up to its state) */
+        if (t >= 0 && t < n) { /* stage two: the head entry, requested (up to its state when the ts is not read) */
             cm_rrow *r = &ring[t & (CM_CR - 1u)];
             uint32_t e = r->slot ? *r->slot : 0u;
             r->hi = e;
             r->head = e ? cm_E_in(r->v->chunks, e) : NULL;
             if (e) {
                 CM_PREFETCH(r->head);
-                CM_PREFETCH((const char *)r->head + (ttl ? sizeof(cm_entry) : offsetof(cm_entry, ts)) - 1);
+                CM_PREFETCH((const char *)r->head + (r->v->needs_ts ? sizeof(cm_entry) : offsetof(cm_entry, ts)) - 1);
             }
         }
         t = i - (Py_ssize_t)(2 * CM_CD / 3);
@@ -486,11 +492,11 @@ static int cm_col_read_fast(cm_col *c, Py_hash_t hn, uint8_t *slow) {
             if (eq) { hit = (cm_entry *)x; break; }
         }
         if (!hit) { c->status[j] = CM_ROW_ABSENT; continue; }
-        if (ttl && cm_expired(hit->ts, c->ttl, c->now)) {
+        if (r->v->needs_ts && cm_expired(hit->ts, c->ttl, c->now)) {
             if (!c->peek) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
             c->status[j] = CM_ROW_EXPIRED;
         } else {
-            if (ttl && c->refresh && !c->peek && hit->ts != c->now) {
+            if (r->v->needs_ts && c->refresh && !c->peek && hit->ts != c->now) {
                 if (cm_ev(hit) < m->required) { slow[kg] = 1; c->status[j] = CM_ROW_SLOW; c->nslow++; continue; }
                 hit->ts = c->now; /* cm_read_touch, for an entry the map owns alone */
                 cm_ts_note(m, c->now);

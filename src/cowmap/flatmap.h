@@ -634,9 +634,9 @@ enum { FM_COL_ABSENT = 0, FM_COL_LIVE = 1, FM_COL_EXPIRED = 2, FM_COL_OTHER = 3 
  * key of MapState's user entries) in maps[kgs[i]] (NULL: absent), all with
  * no Python object made or called. out[i] gets FM_COL_LIVE, FM_COL_ABSENT,
  * FM_COL_EXPIRED (ttl > 0: expired at now, left in place) or FM_COL_OTHER:
- * an entry of the row's hash whose key or namespace is no int of int64 (a
- * float or a bool may equal an int), which only the general lookup can
- * decide. Each row's home slot is requested FM_CD rows ahead, and the
+ * no entry of the row's int pair, but one of its hash whose key or namespace
+ * is no int of int64 (a float or a bool may equal an int), which only the
+ * general lookup can decide. Each row's home slot is requested FM_CD rows ahead, and the
  * namespace object of its key's entry FM_CD/2 rows ahead (a third miss: the
  * objects lie anywhere). The caller has entered every map of the rows. */
 static void fm_col_lookup(fm_map *const *maps, const int32_t *kgs, const int64_t *ukeys, const int64_t *nss,
@@ -664,13 +664,18 @@ static void fm_col_lookup(fm_map *const *maps, const int32_t *kgs, const int64_t
         fm_dent d = m->dir[fm_dir_index(m, h)];
         const cm_entry *E = fm_dent_e(d);
         uint32_t mask = fm_dent_mask(d);
+        /* an entry of the row's hash that only Python can compare (a key or
+         * namespace of another type) leaves the row undecided, unless the run
+         * holds the row's own int pair: a map holds one entry per equal pair,
+         * so that one is the row's */
+        int maybe = 0;
         for (uint32_t s = h & mask;; s = (s + 1u) & mask) {
             const cm_entry *e = &E[s];
-            if (!fm_used(e)) break;
+            if (!fm_used(e)) { out[j] = maybe ? FM_COL_OTHER : FM_COL_ABSENT; break; }
             if (fm_hash(e) != h) continue;
-            if (!cm_intkey(e)) { out[j] = FM_COL_OTHER; break; }
+            if (!cm_intkey(e)) { maybe = 1; continue; }
             if (e->key.i != ukeys[j]) continue;
-            if (!PyLong_CheckExact(e->ns)) { out[j] = FM_COL_OTHER; break; }
+            if (!PyLong_CheckExact(e->ns)) { maybe = 1; continue; }
             int overflow = 0;
             int64_t v = cm_as_int64(e->ns, &overflow);
             if (overflow || v != nss[j]) continue;
