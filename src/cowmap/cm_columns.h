@@ -305,8 +305,8 @@ static int cm_col_row(cm_map *m, const cm_col *c, const cm_probe *p, Py_ssize_t 
     return 0;
 }
 
-/* A row of the fast read in flight: its map, hash and key, then its slot,
- * then its head entry. */
+/* A row of the fast write in flight: its map, hash and key, then its slot,
+ * then its head entry. (The fast read has its own, cm_rrow.) */
 typedef struct {
     cm_map *m;              /* NULL: the row has no map, or its map goes the general way */
     const uint32_t *slot;
@@ -315,9 +315,9 @@ typedef struct {
     int64_t k;
 } cm_crow;
 
-/* The fast passes' second stage for row r, whose slot has arrived: its head
- * entry, requested whole (a TTL read needs its ts). In a write pass the slot
- * is a hint: an insert may have changed it, and the row is resolved afresh. */
+/* The fast write's second stage for row r, whose slot has arrived: its head
+ * entry, requested whole (the write sets state, ts and versions). The slot is
+ * a hint: an insert may have changed it, and the row is resolved afresh. */
 CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r) {
     uint32_t e = r->slot ? *r->slot : 0u;
     r->head = e ? cm_E(r->m, e) : NULL;
@@ -325,8 +325,8 @@ CM_ALWAYS_INLINE static inline void cm_crow_head(cm_crow *r) {
 }
 
 /* The third stage, the head having arrived: the chain's next entry if the head
- * is another key's, else the state, which a read INCREFs or reads and a write
- * rewrites or releases (its refcount is written either way). */
+ * is another key's, else the state, which the write rewrites or releases (its
+ * refcount is written either way). */
 CM_ALWAYS_INLINE static inline void cm_crow_next(const cm_crow *r) {
     const cm_entry *x = r->head;
     if (x && !cm_hash_is(x, r->h)) { if (x->next) cm_prefetch_entry(r->m, x->next); }
