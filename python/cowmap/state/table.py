@@ -227,7 +227,8 @@ class StateTable:
 
     def may_expire(self) -> bool:
         """Whether an entry may have expired now: False when the maps' expiry
-        floors (``CopyOnWriteStateMap.expiry_floor``) say none has. O(maps)."""
+        floors (``expiry_floor`` of each key group's map, chained or flat) say
+        none has. O(maps)."""
         return maps_may_expire(self.maps, self.now(), self.ttl)
 
     def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
