@@ -357,11 +357,15 @@ class MapState(AsyncMapMethods, State):
     @staticmethod
     def _int_column(user_keys: Any, n: int) -> Any:
         """``user_keys`` as an int64 array when it is an integer column of ``n``
-        rows with no missing value, else None (the general path checks it)."""
+        rows with no missing value, else None (the general path checks it).
+        Only typed columns (numpy, pandas, pyarrow) are tried: a sequence would
+        be converted here and again by the general path."""
         import numpy as np
 
         from cowmap.state.columns import value_column
 
+        if not hasattr(user_keys, "dtype") and not type(user_keys).__module__.startswith("pyarrow"):
+            return None
         try:
             col = value_column(user_keys, n, "user_keys")
         except (TypeError, ValueError):
