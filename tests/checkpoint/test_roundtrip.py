@@ -118,6 +118,39 @@ def test_numbers_fast_path_round_trip(tmp_path: Any) -> None:
     assert dst.get_state(ValueStateDescriptor("ints")).get_many(keys[:3]) == (keys[:3] * 3).tolist()
 
 
+@pytest.mark.parametrize("shape", ["one_object_everywhere", "one_object_for_some", "all_distinct"])
+def test_restored_keys_share_no_value_object(tmp_path: Any, shape: str) -> None:
+    """Values restored a whole column at a time: a column repeating one object
+    (written as a constant, or pickled with its repeats shared) still gives
+    each key its own copy, so changing one key's list leaves the others."""
+    from cowmap.state import ValueStateDescriptor
+
+    src = KeyedStateBackend()
+    lists = src.get_state(ValueStateDescriptor("lists"))
+    shared = [1, 2]
+    for k in range(40):
+        src.set_current_key(k)
+        if shape == "one_object_everywhere" or (shape == "one_object_for_some" and k % 3 == 0):
+            lists.update(shared)
+        else:
+            lists.update([k, k])
+    storage = CheckpointStorage(tmp_path)
+    storage.save(src)
+    dst = KeyedStateBackend()
+    storage.restore(dst)
+    assert contents(dst) == contents(src)
+    restored = dst.get_state(ValueStateDescriptor("lists"))
+    objects = []
+    for k in range(40):
+        dst.set_current_key(k)
+        objects.append(restored.value())
+    assert len({id(o) for o in objects}) == 40
+    dst.set_current_key(0)
+    restored.value().append(3)
+    dst.set_current_key(3)
+    assert restored.value() == ([1, 2] if shape != "all_distinct" else [3, 3])
+
+
 def test_checkpoint_ids_increase_and_latest_is_default(tmp_path: Any) -> None:
     from cowmap.state import ValueStateDescriptor
 

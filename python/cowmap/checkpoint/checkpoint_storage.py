@@ -17,12 +17,12 @@ from cowmap.checkpoint.states import (
     changed_timer_key_groups,
     changes_lost,
     check_compatible,
+    clip_sections,
     column_serializers,
     encode_change_chunk,
     encode_full_group,
     full_rows,
     restore_blocks,
-    split_by_key_group,
     state_headers,
 )
 from cowmap.checkpoint.storage import Store, data_id, data_name, manifest_name
@@ -399,8 +399,8 @@ class CheckpointStorage:
         pending = decode_pending(last, kc.lo, kc.hi) if PENDING_BLOCK in last.blocks else []
         fresh = backend.num_entries() == 0
         timers: dict[tuple[str, int, int], Any] = {}
-        for states, blocks, incremental, services in decoded:
-            restore_blocks(backend, states, blocks, incremental, services, timers)
+        for states, sections, incremental, services in decoded:
+            restore_blocks(backend, states, sections, incremental, services, timers)
         for (name, domain, kg), (ts, keys, nss) in timers.items():
             backend.get_timer_service(name).add_columns(kg, domain, ts, keys, nss)
         # from here the maps track changes against this checkpoint: an
@@ -440,8 +440,8 @@ class CheckpointStorage:
             return False
         decoded = _decode(backend, readers)
         timers: dict[tuple[str, int, int], Any] = {}
-        for states, blocks, _, services in decoded:
-            restore_blocks(backend, states, blocks, True, services, timers)
+        for states, sections, _, services in decoded:
+            restore_blocks(backend, states, sections, True, services, timers)
         for (name, domain, kg), (ts, keys, nss) in timers.items():
             backend.get_timer_service(name).replace_columns(kg, domain, ts, keys, nss)
         backend.snapshot(cut=True).release()  # the maps track changes against checkpoint_id from here
@@ -485,8 +485,8 @@ def _check_backend(backend: Any) -> None:
 
 def _decode(backend: KeyedStateBackend, readers: list[DataFileReader]) -> list[tuple[Any, Any, bool, Any]]:
     """Every block of ``readers`` that ``backend``'s key groups meet, decoded
-    and checked (nothing changes yet): per file ``(states, blocks by key
-    group, incremental, timer services)``."""
+    and checked (nothing changes yet): per file ``(states, sections cut to
+    its key groups, incremental, timer services)``."""
     kc = backend.key_context
     decoded = []
     for r in readers:
@@ -497,12 +497,12 @@ def _decode(backend: KeyedStateBackend, readers: list[DataFileReader]) -> list[t
         sers = [column_serializers(meta["kind"], _serializer_for(backend, meta, r.path)) for meta in states]
         sers += [[PICKLE] * TOMBSTONE_COLUMNS for _ in states]
         sers += [[PICKLE] * 3 for _ in range(2 * len(h.get("timer_services", [])))]
-        blocks = []
+        sections = []
         for first in sorted(r.blocks):
             if first <= kc.hi and r.last_of(first) >= kc.lo and first != PENDING_BLOCK:
                 raw = r.block_bytes(first)
-                blocks += split_by_key_group(r.sections(first, raw, sers), kc.lo, kc.hi)
-        decoded.append((states, blocks, h.get("type") == "incremental", h.get("timer_services", [])))
+                sections += clip_sections(r.sections(first, raw, sers), kc.lo, kc.hi)
+        decoded.append((states, sections, h.get("type") == "incremental", h.get("timer_services", [])))
     return decoded
 
 

@@ -22,6 +22,7 @@ from cowmap._core import (
     NO_TIMESTAMP,
     ColumnReader,
     column_put,
+    column_remove,
     snapshot_changes,
     snapshot_changes_many,
     snapshot_columns_many,
@@ -47,7 +48,9 @@ from cowmap.state.ttl import StateTtlConfig, StateVisibility, UpdateType
 from cowmap.state.user_map import NONE_VALUE, NS_MARKER, make_ctx, split_ctx
 
 __all__ = [
+    "Clipped",
     "Piece",
+    "clip_sections",
     "changes_lost",
     "column_serializers",
     "block_columns",
@@ -57,7 +60,6 @@ __all__ = [
     "encode_full_group",
     "full_rows",
     "restore_blocks",
-    "split_by_key_group",
     "state_headers",
     "timer_section_base",
 ]
@@ -522,22 +524,34 @@ def check_compatible(backend: KeyedStateBackend, states: list[dict[str, Any]], w
             )
 
 
-def split_by_key_group(
+#: a decoded section cut to a key-group range: (state index, rows, columns, key groups, rows of each)
+Clipped = tuple[int, int, list[Any], np.ndarray, np.ndarray]
+
+
+def clip_sections(
     sections: Iterable[tuple[int, int, list[Any], tuple[np.ndarray, np.ndarray]]], lo: int, hi: int
-) -> list[tuple[int, list[tuple[int, int, list[Any]]]]]:
-    """A decoded block's sections cut by their runs into ``(kg, sections)`` per
-    key group of ``lo..hi``, in key-group order, each key group's sections in
-    the block's order (a run of 0 rows gives an empty section: no timers left)."""
-    per: dict[int, list[tuple[int, int, list[Any]]]] = {}
+) -> list[Clipped]:
+    """A decoded block's sections cut to their rows of key groups ``lo..hi``
+    (runs of 0 rows kept: a key group whose timers all went)."""
+    out = []
     for index, n, cols, (kgs, counts) in sections:
-        ends = np.cumsum(counts).tolist()
-        start = 0
-        for kg, end in zip(kgs.tolist(), ends):
-            if lo <= kg <= hi:
-                piece = cols if end - start == n else [_rows(c, start, end) for c in cols]
-                per.setdefault(kg, []).append((index, end - start, piece))
-            start = end
-    return sorted(per.items())
+        a = int(np.searchsorted(kgs, lo))
+        b = int(np.searchsorted(kgs, hi, side="right"))
+        if a == 0 and b == len(kgs):
+            out.append((index, n, cols, kgs, counts))
+        elif a < b:
+            ends = np.cumsum(counts)
+            start, end = (int(ends[a - 1]) if a else 0), int(ends[b - 1])
+            out.append((index, end - start, [_rows(c, start, end) for c in cols], kgs[a:b], counts[a:b]))
+    return out
+
+
+def _run_rows(kgs: np.ndarray, counts: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """``(key group, first row, end row)`` of each run of a section."""
+    start = 0
+    for kg, c in zip(kgs.tolist(), counts.tolist()):
+        yield kg, start, start + c
+        start += c
 
 
 def _rows(col: Any, start: int, end: int) -> Any:
@@ -548,18 +562,20 @@ def _rows(col: Any, start: int, end: int) -> Any:
 def restore_blocks(
     backend: KeyedStateBackend,
     states: list[dict[str, Any]],
-    blocks: Iterable[tuple[int, Iterable[tuple[int, int, list[Any]]]]],
+    sections: Iterable[Clipped],
     incremental: bool = False,
     timer_services: list[str] | None = None,
     timers: dict[tuple[str, int, int], tuple[Any, list[Any], list[Any]]] | None = None,
 ) -> None:
-    """Write decoded blocks ``(kg, sections)`` into ``backend`` (checked
-    already). Of an ``incremental`` checkpoint: tombstone sections remove, and
-    a ListState's rows replace its lists (elsewhere they are appended, which
-    merges key groups restored from several checkpoints). Timer sections of
-    the services named ``timer_services`` go to ``timers`` by (service,
-    domain, key group), a later file's replacing an earlier one's: the
-    caller adds them once every file is read."""
+    """Write decoded sections (checked already, cut by :func:`clip_sections`)
+    into ``backend``, each in one compiled call where its shape allows. Of an
+    ``incremental`` checkpoint: tombstone sections remove, and a ListState's
+    rows replace its lists (elsewhere they are appended, which merges key
+    groups restored from several checkpoints). Timer sections of the services
+    named ``timer_services`` go to ``timers`` by (service, domain, key group),
+    a later file's replacing an earlier one's: the caller adds them once every
+    file is read. Sections are applied in the file's order, so each key group
+    sees its rows in the order they were written."""
     tables = []
     for meta in states:
         table = backend._tables.get(meta["name"])
@@ -567,42 +583,69 @@ def restore_blocks(
             table = backend._tables[meta["name"]] = _TABLES[meta["kind"]](backend, placeholder_descriptor(meta))
         tables.append(table)
     tbase = timer_section_base(len(tables))
-    for kg, sections in blocks:
-        for i, n, cols in sections:
-            if i >= tbase:
-                if timer_services is not None and timers is not None:
-                    name = timer_services[(i - tbase) // 2]
-                    timers[(name, (i - tbase) % 2, kg)] = (cols[0], column_list(cols[1], n), column_list(cols[2], n))
-                continue
-            if i >= len(tables):
-                _remove_rows(tables[i - len(tables)], kg, n, cols)
-                continue
-            table = tables[i]
-            if incremental and table.kind == "list":
-                _remove_rows(table, kg, n, cols)
-            if not table.ttl:
-                cols.append(None)
-            if _put_numbers(table, kg, n, cols) or (table.kind == "map" and _put_user_entries(table, kg, n, cols)):
-                continue
-            fields = [column_list(c, n) if c is not None else _no_stamps(table.kind, n) for c in cols]
+    for i, n, cols, kgs, counts in sections:
+        if i >= tbase:
+            if timer_services is not None and timers is not None:
+                name = timer_services[(i - tbase) // 2]
+                for kg, a, b in _run_rows(kgs, counts):
+                    ts, keys, nss = (_rows(c, a, b) for c in cols)
+                    timers[(name, (i - tbase) % 2, kg)] = (ts, column_list(keys, b - a), column_list(nss, b - a))
+            continue
+        if not n:
+            continue
+        if i >= len(tables):
+            _remove_rows(tables[i - len(tables)], n, cols, kgs, counts)
+            continue
+        table = tables[i]
+        if incremental and table.kind == "list":
+            _remove_rows(table, n, cols, kgs, counts)
+        if not table.ttl:
+            cols.append(None)
+        if _put_values(table, n, cols, kgs, counts) or _put_user_entries(table, n, cols, kgs, counts):
+            continue
+        for kg, a, b in _run_rows(kgs, counts):
+            fields = [
+                column_list(_rows(c, a, b), b - a) if c is not None else _no_stamps(table.kind, b - a) for c in cols
+            ]
             table.import_records(kg, zip(*fields))
 
 
-def _remove_rows(table: Any, kg: int, n: int, cols: list[Any]) -> None:
+def _row_groups(kgs: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Each row's key group (int32, as the column calls take them)."""
+    return np.repeat(kgs.astype(np.int32), counts)
+
+
+def _key_column(col: Any, n: int) -> Any:
+    """A decoded key column as the column calls take it: an int64 array or a tuple."""
+    if isinstance(col, np.ndarray) and col.dtype == np.int64:
+        return col
+    return tuple(column_list(col, n))
+
+
+def _make_maps(table: Any, kgs: np.ndarray, counts: np.ndarray) -> None:
+    """Every run's map, made with room for its rows where it has none."""
+    maps = table.maps
+    for kg, c in zip(kgs.tolist(), counts.tolist()):
+        if maps[kg] is None:
+            table.map_for_write(kg, c)
+
+
+def _remove_rows(table: Any, n: int, cols: list[Any], kgs: np.ndarray, counts: np.ndarray) -> None:
     """Remove the rows' ``(key, namespace)`` (of a MapState: ``(key,
-    namespace, user key)``) from ``table``'s key group ``kg``."""
-    m = table.maps[kg]
-    if m is None:
-        return
+    namespace, user key)``) from ``table``."""
     if table.kind != "map" and isinstance(cols[1], tuple):  # one namespace: one compiled call
-        m.remove_many(cols[0] if isinstance(cols[0], np.ndarray) else column_list(cols[0], n), cols[1][0])
+        column_remove(table.maps, _row_groups(kgs, counts), _key_column(cols[0], n), cols[1][0])
         return
-    keys, nss = column_list(cols[0], n), column_list(cols[1], n)
-    if table.kind == "map":
-        users = table.users[kg]
-        for key, ns, ukey in zip(keys, nss, column_list(cols[2], n)):
-            users.remove(make_ctx(key, ns), ukey)
-    else:
+    for kg, a, b in _run_rows(kgs, counts):
+        if table.maps[kg] is None:  # (nothing there: a key added and removed since the last checkpoint)
+            continue
+        keys, nss = column_list(_rows(cols[0], a, b), b - a), column_list(_rows(cols[1], a, b), b - a)
+        if table.kind == "map":
+            users = table.users[kg]
+            for key, ns, ukey in zip(keys, nss, column_list(_rows(cols[2], a, b), b - a)):
+                users.remove(make_ctx(key, ns), ukey)
+            continue
+        m = table.maps[kg]
         for key, ns in zip(keys, nss):
             m.remove(key, ns)
 
@@ -611,34 +654,45 @@ def _no_stamps(kind: str, n: int) -> list[Any]:
     return [None] * n if kind == "list" else [NO_TIMESTAMP] * n
 
 
-def _put_user_entries(table: Any, kg: int, n: int, cols: list[Any]) -> bool:
+def _put_user_entries(table: Any, n: int, cols: list[Any], kgs: np.ndarray, counts: np.ndarray) -> bool:
     """A MapState's rows in one namespace: one compiled call that inserts (or
     overwrites, keeping the place) each user entry with its timestamp. False
-    for rows in several namespaces."""
+    for another kind, or rows in several namespaces."""
+    if table.kind != "map":
+        return False
     keys, ns, ukeys, values, ts = cols
     if not isinstance(ns, tuple):
         return False
-    table.map_for_write(kg)
+    _make_maps(table, kgs, counts)
     keys = column_list(keys, n)
     ctxs = keys if ns[0] is VOID_NAMESPACE else [make_ctx(k, ns[0]) for k in keys]
-    stamps = ts.tolist() if ts is not None else NO_TIMESTAMP
+    stamps = column_list(ts, n) if ts is not None else NO_TIMESTAMP
     user_insert_many(
-        table.users, [kg] * n, ctxs, keys, ns[0], column_list(ukeys, n), column_list(values, n),
-        range(n), NONE_VALUE, stamps,
+        table.users, _row_groups(kgs, counts).tolist(), ctxs, keys, ns[0], column_list(ukeys, n),
+        column_list(values, n), range(n), NONE_VALUE, stamps,
     )
     return True
 
 
-def _put_numbers(table: Any, kg: int, n: int, cols: list[Any]) -> bool:
-    """A value-like state whose keys and values are numbers in one namespace:
-    one compiled call (with each row's timestamp under TTL). False when the
-    rows are not of that shape."""
+def _put_values(table: Any, n: int, cols: list[Any], kgs: np.ndarray, counts: np.ndarray) -> bool:
+    """A value-like state's rows in one namespace: one compiled call (with each
+    row's timestamp under TTL). Numbers are written as numbers, other values
+    as decoded, or as copies where a column repeats one object, so that no two
+    keys share one. False for another kind, or several namespaces."""
     if table.kind == "list" or table.kind == "map":
         return False
     keys, ns, values, ts = cols
-    if not (isinstance(keys, np.ndarray) and isinstance(ns, tuple) and isinstance(values, np.ndarray)):
+    if not isinstance(ns, tuple):
         return False
-    table.map_for_write(kg, n)
-    kgs = np.full(n, kg, dtype=np.int32)
-    column_put(table.maps, kgs, keys, ns[0], values, NO_TIMESTAMP if ts is None else ts)
+    _make_maps(table, kgs, counts)
+    if not (isinstance(values, np.ndarray) and values.dtype in (np.int64, np.float64)):
+        objs = column_list(values, n)
+        if isinstance(values, tuple) or len(set(map(id, objs))) < n:
+            objs = list(map(table.copy_value, objs))  # (else each is fresh from the file, held by nothing else)
+        values = tuple(objs)
+    if ts is None:
+        ts = NO_TIMESTAMP
+    elif isinstance(ts, tuple):
+        ts = ts[0]
+    column_put(table.maps, _row_groups(kgs, counts), _key_column(keys, n), ns[0], values, ts)
     return True
