@@ -15,13 +15,13 @@ from processors import CountPerKey
 from cowmap._keygroups import spark_key_groups, spark_type_codes
 from cowmap.spark import task
 from cowmap.spark.layout import Location
-from cowmap.spark.task import KG_COLUMN, TS_COLUMN, Plan, run_partition
+from cowmap.spark.task import KG_BITS, ROUTE_COLUMN, Plan, run_partition
 
 
 def _batch(seed: int, n: int = 200) -> pd.DataFrame:
     keys = np.random.default_rng(seed).integers(0, 40, n)
     kgs = spark_key_groups([keys], spark_type_codes(["bigint"]), 64).astype(np.int32)
-    return pd.DataFrame({"k": keys, "v": keys, KG_COLUMN: kgs, TS_COLUMN: 1_000 + seed})
+    return pd.DataFrame({"k": keys, "v": keys, ROUTE_COLUMN: ((1_000 + seed) << KG_BITS) + kgs.astype(np.int64)})
 
 
 def test_a_worker_a_batch_behind_catches_up_by_the_increment(tmp_path: Path) -> None:
