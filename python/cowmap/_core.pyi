@@ -34,6 +34,15 @@ def block_stats() -> dict[str, Any]:
 def wall_clock_ms() -> int:
     """Milliseconds since the Unix epoch (the backend's default time provider)."""
 
+@final
+class ManualClock:
+    """A time provider whose owner sets the time (``clock.ms = t``), read by the maps in C."""
+
+    ms: int
+    def __init__(self, ms: int = 0) -> None: ...
+    def __call__(self) -> int: ...
+    def __reduce__(self) -> tuple[type[ManualClock], tuple[int]]: ...
+
 _KeysArg = Sequence[Any] | npt.NDArray[np.int64]
 
 # The classes are final (cython.final) and take their arguments in __new__ (__cinit__):

@@ -77,6 +77,26 @@ def wall_clock_ms():
 
 cdef object _WALL_CLOCK = wall_clock_ms
 
+
+@cython.final
+cdef class ManualClock:
+    """A time provider whose owner sets the time: ``clock.ms = t``; calling it
+    returns ``ms``. The maps read it in C, without the Python call another
+    provider costs on every TTL access (a Spark task's micro-batch time)."""
+    cdef public int64_t ms
+
+    def __init__(self, int64_t ms=0):
+        self.ms = ms
+
+    def __call__(self):
+        return self.ms
+
+    def __reduce__(self):
+        return (ManualClock, (self.ms,))
+
+    def __repr__(self):
+        return f"ManualClock({self.ms})"
+
 cdef uint32_t _MAX_CAPACITY = 1 << 30
 cdef int64_t _EMPTY_INT64 = 0
 
@@ -97,6 +117,8 @@ cdef inline int64_t _as_time(object t, str what="ts") except? -1:
         return t
     if t is _WALL_CLOCK:
         return _wall_ms()
+    if type(t) is ManualClock:
+        return (<ManualClock>t).ms
     if callable(t) and not PyIndex_Check(t):  # (the type's __index__ slot: no lookup that may raise)
         now = t()
         if type(now) is not int:
@@ -142,7 +164,7 @@ cdef inline bint _provider_hint(object key, object ns, object t, uint32_t *h) no
     """Whether a single-key call with time argument ``t`` (not an int) should
     start its key's miss before calling it: ``t`` is a time provider other than
     the C wall clock, and ``*h``, the key's composite hash, came without Python code."""
-    return t is not _WALL_CLOCK and cm_hint_composite(<PyObject *>key, <PyObject *>ns, h)
+    return t is not _WALL_CLOCK and type(t) is not ManualClock and cm_hint_composite(<PyObject *>key, <PyObject *>ns, h)
 
 
 cdef inline int64_t _as_time_for(cm_map *m, object key, object ns, object t, str what="ts") except? -1:

@@ -8,6 +8,7 @@ previous call stopped and wrap around.
 
 from __future__ import annotations
 
+import pickle
 import random
 
 import numpy as np
@@ -544,3 +545,51 @@ def test_a_flat_maps_floor_skips_sweeps_until_something_can_have_expired() -> No
     assert f.get_unexpired(7, "ns", 5, 10_000, refresh=True) == 7  # a refresh back in time
     assert f.expiry_floor == 5 and f.sweep_expired(4_000, 10_000, None) == 0
     assert f.timestamp(7, "ns") == 5
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(["put", "get", "get_refresh", "tick", "sweep", "column"]),
+                  st.integers(0, 30), st.integers(0, 400)),
+        max_size=60,
+    )
+)
+def test_a_manual_clock_read_in_c_is_the_same_time_as_a_python_provider(ops: list) -> None:
+    """Every map call given a ``ManualClock`` (read in C) acts as with a Python
+    callable returning the same time, on both map kinds and the column calls."""
+    from cowmap._core import ManualClock
+
+    clock = ManualClock(1_000)
+    now = [1_000]
+    a, b = CopyOnWriteStateMap(), CopyOnWriteStateMap()
+    fa, fb = FlatStateMap(), FlatStateMap()
+    ttl = 250
+    for op, key, arg in ops:
+        if op == "tick":
+            clock.ms += arg
+            now[0] += arg
+        elif op == "put":
+            a.put(key, "n", arg, clock)
+            b.put(key, "n", arg, lambda: now[0])
+            fa.put(key, "n", arg, clock)
+            fb.put(key, "n", arg, lambda: now[0])
+        elif op in ("get", "get_refresh"):
+            refresh = op == "get_refresh"
+            for m, twin in ((a, b), (fa, fb)):
+                assert m.get_unexpired(key, "n", clock, ttl, refresh) == twin.get_unexpired(
+                    key, "n", lambda: now[0], ttl, refresh
+                )
+        elif op == "sweep":
+            assert a.sweep_expired(clock(), ttl, None) == b.sweep_expired(now[0], ttl, None)
+        else:
+            keys = np.arange(key, key + 5, dtype=np.int64)
+            kgs = np.zeros(5, dtype=np.int32)
+            column_put([a], kgs, keys, "n", (arg,) * 5, clock)
+            column_put([b], kgs, keys, "n", (arg,) * 5, lambda: now[0])
+    with a.snapshot() as sa, b.snapshot() as sb:
+        assert snapshot_contents_ts(sa) == snapshot_contents_ts(sb)
+    assert repr(clock) == f"ManualClock({now[0]})" and clock() == now[0]
+    assert pickle.loads(pickle.dumps(clock)).ms == now[0]
+    with pytest.raises(TypeError):
+        clock.ms = "1"  # type: ignore[assignment]

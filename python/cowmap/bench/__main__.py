@@ -106,6 +106,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="keys in each of those micro-batches, once each (default 10,000)")
     s.add_argument("--spark-systems", type=_names(_spark_systems()), default=_spark_systems(),
                    help="some of " + ",".join(_spark_systems()) + " (default all)")
+    s.add_argument("--spark-sockets", choices=("unix", "tcp"), default="unix",
+                   help="how the JVM talks to Python workers (spark.python.unix.domain.socket.enabled), for "
+                        "every system alike; over TCP each mapInPandas task waits ~40 ms for its input "
+                        "(default unix)")
     s.add_argument("--commit-keys", type=int, default=10_000_000,
                    help="keys of the commit figure, 1%% of them changed (default 10,000,000; 0: skip)")
     p.add_argument("--repeats", type=int, default=None, help="timed repeats; the median is shown (default 5)")
@@ -125,7 +129,7 @@ def _main_spark(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
     if min(sizes) < 1 or args.commit_keys < 0:
         parser.error("--spark-rows, --spark-keys, --spark-batches and --spark-keys-every must be >= 1")
     res = spark.run(args.spark_systems, args.spark_rows, args.spark_keys, args.spark_batches, args.spark_keys_every,
-                    repeats=args.repeats or 1, commit_keys=args.commit_keys)
+                    repeats=args.repeats or 1, commit_keys=args.commit_keys, sockets=args.spark_sockets)
     print("\n".join(spark.report(res)))
     _outputs(args, {"scenario": "spark", "format": 1, "result": res}, lambda path: spark.plot(res, path))
     failed = [  # (the dict and the floor persist nothing: their counts are not expected to hold)

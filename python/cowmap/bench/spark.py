@@ -295,9 +295,17 @@ def run(
     seed: int = 5,
     log: Callable[[str], None] = print,
     spark: Any = None,
+    sockets: str = "unix",
 ) -> dict[str, Any]:
     """Every system on both workloads in one SparkSession (``local[partitions]``,
-    or ``spark`` when given: it is left running); medians of ``repeats``."""
+    or ``spark`` when given: it is left running); medians of ``repeats``.
+
+    ``sockets``: how the session's JVM talks to its Python workers, ``"unix"``
+    (domain sockets) or ``"tcp"``, every system alike. Over TCP, a
+    ``mapInPandas`` task often waits ~40 ms for its input (a delayed ACK on
+    loopback), which on small micro-batches is most of Spark's own floor."""
+    if sockets not in ("unix", "tcp"):
+        raise ValueError(f"sockets must be 'unix' or 'tcp', not {sockets!r}")
     from pyspark.sql import SparkSession
 
     own = spark is None
@@ -305,12 +313,17 @@ def run(
         spark = (
             SparkSession.builder.master(f"local[{partitions}]").appName("cowmap-bench-spark")
             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", str(partitions))
-            .config("spark.sql.streaming.noDataMicroBatches.enabled", "false").getOrCreate()
+            .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+            .config("spark.python.unix.domain.socket.enabled", str(sockets == "unix").lower()).getOrCreate()
         )
         spark.sparkContext.setLogLevel("ERROR")
     tmp = Path(tempfile.mkdtemp(prefix="cowmap-bench-spark-"))
+    import pyspark
+
+    uds = spark.conf.get("spark.python.unix.domain.socket.enabled", "false")
     res: dict[str, Any] = {"rows": rows, "keys": keys, "batches": batches, "keys_every": keys_every,
-                           "partitions": partitions, "repeats": repeats, "workloads": {}}
+                           "partitions": partitions, "repeats": repeats, "pyspark": pyspark.__version__,
+                           "sockets": "unix" if uds == "true" else "tcp", "workloads": {}}
     try:
         warm = workload("large", 2_000, 200, 1, 1, seed)
         failed: dict[str, str] = {}
@@ -413,7 +426,8 @@ def ratios(res: dict[str, Any]) -> dict[str, float | None]:
 
 
 def report(res: dict[str, Any]) -> list[str]:
-    lines = [f"spark: rows/s over the whole query, local[{res['partitions']}], median of {res['repeats']}"]
+    lines = [f"spark: rows/s over the whole query, local[{res['partitions']}], median of {res['repeats']}, "
+             f"PySpark {res.get('pyspark', '?')}, Python workers over {res.get('sockets', '?')} sockets"]
     names = list(res["workloads"])
     header = ["system"] + [f"{w} ({res['workloads'][w]['rows']:,} rows, {res['workloads'][w]['micro_batches']} batches)"
                            for w in names]

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from cowmap._core import ManualClock
 from cowmap.checkpoint import CheckpointStorage
 from cowmap.spark.context import StateContext
 from cowmap.spark.layout import Layout, Location
@@ -57,22 +58,10 @@ class Plan:
     warm_key: tuple[Any, ...] = field(default=())
 
 
-class _Clock:
-    """The backend's time: the micro-batch's, set before each batch."""
-
-    __slots__ = ("ms",)
-
-    def __init__(self, ms: int) -> None:
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-
 @dataclass
 class _Warm:
     backend: KeyedStateBackend
-    clock: _Clock
+    clock: ManualClock  # the micro-batch's time, set before each batch
     version: int
     watermark: int
     timestamp: int
@@ -91,7 +80,7 @@ def _batch_id(plan: Plan, tc: Any) -> int:
 
 
 def _load(plan: Plan, kg_range: KeyGroupRange, version: int) -> _Warm:
-    clock = _Clock(0)
+    clock = ManualClock(0)
     backend = KeyedStateBackend(
         plan.layout.max_parallelism, kg_range, time_provider=clock, spark_key_types=plan.key_types
     )
