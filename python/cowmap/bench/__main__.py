@@ -108,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="some of " + ",".join(_spark_systems()) + " (default all)")
     s.add_argument("--spark-sockets", choices=("unix", "tcp"), default="unix",
                    help="how the JVM talks to Python workers (spark.python.unix.domain.socket.enabled), for "
-                        "every system alike; over TCP each mapInPandas task waits ~40 ms for its input "
+                        "every system alike; over TCP a mapInPandas task often waits 40-55 ms for its input "
                         "(default unix)")
     s.add_argument("--commit-keys", type=int, default=10_000_000,
                    help="keys of the commit figure, 1%% of them changed (default 10,000,000; 0: skip)")
