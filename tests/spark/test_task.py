@@ -10,6 +10,7 @@ from unittest import mock
 
 import numpy as np
 import pandas as pd
+import pytest
 from processors import CountPerKey
 
 from cowmap._keygroups import spark_key_groups, spark_type_codes
@@ -47,4 +48,41 @@ def test_a_worker_a_batch_behind_catches_up_by_the_increment(tmp_path: Path) -> 
             total[k] += n
             want[(k, total[k])] += 1
     assert got == want
+    task._WARM.clear()
+
+
+class _SeeTime:
+    """Emits the batch's time as the task saw it, and the batch's columns."""
+
+    def process(self, batch, ctx):
+        return pd.DataFrame({"k": [ctx.batch_timestamp_ms], "n": [len(batch.columns)]})
+
+
+def test_the_route_column_gives_the_batch_time_and_is_dropped(tmp_path: Path) -> None:
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    plan = Plan(loc, layout, ["k"], ["bigint"], _SeeTime, ["k", "n"], False, 0, warm_key=("t",))
+    batch = _batch(5)
+    ts = 1_764_000_000_123  # a realistic epoch-ms time: it fills the column's upper bits
+    batch[ROUTE_COLUMN] = (ts << KG_BITS) + (batch[ROUTE_COLUMN] & ((1 << KG_BITS) - 1))
+    out = pd.concat(list(run_partition(plan, iter([batch]))))
+    assert out["k"].tolist() == [ts] and out["n"].tolist() == [2]  # k and v: the route column dropped
+    task._WARM.clear()
+
+
+def test_a_row_of_another_partitions_key_group_is_refused(tmp_path: Path) -> None:
+    """Partition 0 of 2 owns key groups 0..31: a row routed there with key group 40 fails the task
+    before anything is committed."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(2, 64, "spark-murmur3-42:bigint")
+    plan = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, 0, warm_key=("r",))
+    batch = _batch(6)
+    mine = batch[(batch[ROUTE_COLUMN] & ((1 << KG_BITS) - 1)) < 32]
+    stray = mine.iloc[:1].copy()
+    stray[ROUTE_COLUMN] = ((1_000 << KG_BITS) + 40)
+    with pytest.raises(RuntimeError, match=r"key groups 0\.\.31\) got rows of key groups .*\.\.40: the rows were not"):
+        list(run_partition(plan, iter([pd.concat([mine, stray], ignore_index=True)])))
+    assert loc.storage(layout, layout.range_of(0)).checkpoints() == []
     task._WARM.clear()
