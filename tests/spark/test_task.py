@@ -11,7 +11,7 @@ from unittest import mock
 import numpy as np
 import pandas as pd
 import pytest
-from processors import CountPerKey
+from processors import CountPerKey, Reminders
 
 from cowmap._keygroups import spark_key_groups, spark_type_codes
 from cowmap.spark import task
@@ -86,3 +86,29 @@ def test_a_row_of_another_partitions_key_group_is_refused(tmp_path: Path) -> Non
         list(run_partition(plan, iter([pd.concat([mine, stray], ignore_index=True)])))
     assert loc.storage(layout, layout.range_of(0)).checkpoints() == []
     task._WARM.clear()
+
+
+@pytest.mark.parametrize("processor", [CountPerKey, Reminders])
+def test_a_backend_dropped_from_the_warm_cache_is_freed_at_once(tmp_path: Path, processor: type) -> None:
+    """No reference cycle keeps a task's backend alive after the worker drops it (the context and
+    the timer callback refer to each other): it goes by reference counting, not at the next full
+    collection of the worker's heap."""
+    import gc
+    import weakref
+
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    gc.collect()
+    gc.disable()
+    try:
+        for b in range(2):
+            plan = Plan(loc, layout, ["k"], ["bigint"], processor, ["k", "n"], False, b, warm_key=("g",))
+            list(run_partition(plan, iter([_batch(b)])))
+        (warm,) = task._WARM.values()
+        ref = weakref.ref(warm.backend)
+        del warm
+        task._WARM.clear()
+        assert ref() is None
+    finally:
+        gc.enable()

@@ -235,26 +235,32 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     timers = _TimerOutput(processor, plan.out_columns)
     ctx = StateContext(backend, plan.keys, partition, batch_id, warm.timestamp, warm.watermark, timers)
     timers.ctx = ctx
-    opened = getattr(processor, "open", None)
-    if opened is not None:
-        opened(ctx)
-    for name in backend.timer_service_names():
-        backend.get_timer_service(name, timers)  # (restored services fire into this batch's processor)
-    if batch is not None:
-        yield from _outputs(processor.process(batch, ctx), plan.out_columns, "process")
-        if plan.event_time is not None:
-            latest = _event_time_ms(batch[plan.event_time])
-            if latest != NO_WATERMARK:
-                warm.watermark = max(warm.watermark, latest - plan.watermark_delay_ms)
-    for name in backend.timer_service_names():
-        svc = backend.get_timer_service(name, timers)
-        svc.advance_processing_time(warm.timestamp)
-        if warm.watermark != NO_WATERMARK:
-            svc.advance_watermark(warm.watermark)
-        yield from timers.drain()
-    closed = getattr(processor, "close", None)
-    if closed is not None:
-        closed()
+    try:
+        opened = getattr(processor, "open", None)
+        if opened is not None:
+            opened(ctx)
+        for name in backend.timer_service_names():
+            backend.get_timer_service(name, timers)  # (restored services fire into this batch's processor)
+        if batch is not None:
+            yield from _outputs(processor.process(batch, ctx), plan.out_columns, "process")
+            if plan.event_time is not None:
+                latest = _event_time_ms(batch[plan.event_time])
+                if latest != NO_WATERMARK:
+                    warm.watermark = max(warm.watermark, latest - plan.watermark_delay_ms)
+        for name in backend.timer_service_names():
+            svc = backend.get_timer_service(name, timers)
+            svc.advance_processing_time(warm.timestamp)
+            if warm.watermark != NO_WATERMARK:
+                svc.advance_watermark(warm.watermark)
+            yield from timers.drain()
+        closed = getattr(processor, "close", None)
+        if closed is not None:
+            closed()
+    finally:
+        # ctx and the timer callback refer to each other, and the backend's timer services to the
+        # callback: unlinked, a backend dropped from the warm cache is freed by reference counting,
+        # not by the next full collection (a pause the length of the worker's whole heap)
+        timers.ctx = None
 
     storage = plan.location.storage(plan.layout, kg_range)
     storage.save(
