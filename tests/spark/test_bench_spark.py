@@ -26,6 +26,19 @@ def test_small_run_reports_every_measured_figure(spark) -> None:
     assert "transformWithState (Row), one large batch: not measured" in lines
     assert len(logged) == 2 * len(systems) + 1
     assert not spark.sparkContext._jsc.sc().isStopped()  # the caller's session is left running
+    # the report names what the figures depend on: the PySpark version, and the socket kind of the
+    # session it was given (the test session's default, TCP)
+    import pyspark
+
+    assert res["pyspark"] == pyspark.__version__ and res["sockets"] == "tcp"
+    assert f"PySpark {pyspark.__version__}, Python workers over tcp sockets" in lines
+
+
+def test_sockets_other_than_unix_or_tcp_are_refused_before_a_session_starts() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="sockets must be 'unix' or 'tcp'"):
+        bench.run(("cowmap_per_key",), sockets="udp")
 
 
 def test_a_persisted_system_losing_state_fails_the_run() -> None:
