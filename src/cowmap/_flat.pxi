@@ -338,14 +338,12 @@ def flat_column_lookup(list maps not None, kgs, keys, namespaces, now=0, ttl=0):
             if type(maps[k]) is not FlatStateMap:
                 raise TypeError(f"maps[{k}] must be a FlatStateMap or None, not {type(maps[k]).__name__}")
             held.append(maps[k])
+            fms[k] = &(<FlatStateMap>maps[k]).m  # (read only once every map is entered)
         entered = 0
         try:
             for m in held:  # each map once; a busy one fails the call before anything is read
                 fm_enter(&(<FlatStateMap>m).m)
                 entered += 1
-            for k in range(nmaps):
-                if seen[k] and maps[k] is not None:
-                    fms[k] = &(<FlatStateMap>maps[k]).m
             fm_col_lookup(fms, &kv[0], &uv[0], &nv[0], n, c_now, c_ttl, &ov[0])
         finally:
             for m in held[:entered]:

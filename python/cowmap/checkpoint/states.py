@@ -21,6 +21,7 @@ import numpy as np
 from cowmap._core import (
     NO_TIMESTAMP,
     ColumnReader,
+    column_missing,
     column_put,
     column_remove,
     snapshot_changes,
@@ -622,12 +623,14 @@ def _key_column(col: Any, n: int) -> Any:
     return tuple(column_list(col, n))
 
 
-def _make_maps(table: Any, kgs: np.ndarray, counts: np.ndarray) -> None:
-    """Every run's map, made with room for its rows where it has none."""
-    maps = table.maps
-    for kg, c in zip(kgs.tolist(), counts.tolist()):
-        if maps[kg] is None:
-            table.map_for_write(kg, c)
+def _make_maps(table: Any, rows: np.ndarray, kgs: np.ndarray, counts: np.ndarray) -> None:
+    """The map of every row's key group (``rows``: :func:`_row_groups`), made
+    with room for its rows where it has none (found in one C pass)."""
+    missing = column_missing(table.maps, rows)
+    if missing:
+        per_group = dict(zip(kgs.tolist(), counts.tolist()))
+        for kg in missing:
+            table.map_for_write(kg, per_group[kg])
 
 
 def _remove_rows(table: Any, n: int, cols: list[Any], kgs: np.ndarray, counts: np.ndarray) -> None:
@@ -663,12 +666,13 @@ def _put_user_entries(table: Any, n: int, cols: list[Any], kgs: np.ndarray, coun
     keys, ns, ukeys, values, ts = cols
     if not isinstance(ns, tuple):
         return False
-    _make_maps(table, kgs, counts)
+    rows = _row_groups(kgs, counts)
+    _make_maps(table, rows, kgs, counts)
     keys = column_list(keys, n)
     ctxs = keys if ns[0] is VOID_NAMESPACE else [make_ctx(k, ns[0]) for k in keys]
     stamps = column_list(ts, n) if ts is not None else NO_TIMESTAMP
     user_insert_many(
-        table.users, _row_groups(kgs, counts).tolist(), ctxs, keys, ns[0], column_list(ukeys, n),
+        table.users, rows.tolist(), ctxs, keys, ns[0], column_list(ukeys, n),
         column_list(values, n), range(n), NONE_VALUE, stamps,
     )
     return True
@@ -684,7 +688,8 @@ def _put_values(table: Any, n: int, cols: list[Any], kgs: np.ndarray, counts: np
     keys, ns, values, ts = cols
     if not isinstance(ns, tuple):
         return False
-    _make_maps(table, kgs, counts)
+    rows = _row_groups(kgs, counts)
+    _make_maps(table, rows, kgs, counts)
     if not (isinstance(values, np.ndarray) and values.dtype in (np.int64, np.float64)):
         objs = column_list(values, n)
         if isinstance(values, tuple) or len(set(map(id, objs))) < n:
@@ -694,5 +699,5 @@ def _put_values(table: Any, n: int, cols: list[Any], kgs: np.ndarray, counts: np
         ts = NO_TIMESTAMP
     elif isinstance(ts, tuple):
         ts = ts[0]
-    column_put(table.maps, _row_groups(kgs, counts), _key_column(keys, n), ns[0], values, ts)
+    column_put(table.maps, rows, _key_column(keys, n), ns[0], values, ts)
     return True

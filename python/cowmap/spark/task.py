@@ -27,7 +27,7 @@ from cowmap.spark.context import StateContext
 from cowmap.spark.layout import Layout, Location
 from cowmap.state import NO_WATERMARK, KeyedStateBackend, KeyGroupRange, TimeDomain
 
-__all__ = ["KG_BITS", "ROUTE_COLUMN", "Plan", "run_partition"]
+__all__ = ["KG_BITS", "KG_MASK", "ROUTE_COLUMN", "Plan", "run_partition"]
 
 #: the column the query adds before the shuffle: the batch time (ms) shifted left
 #: by KG_BITS, plus the row's key group (max_parallelism is at most 2**15). One
@@ -35,6 +35,7 @@ __all__ = ["KG_BITS", "ROUTE_COLUMN", "Plan", "run_partition"]
 #: the JVM's Arrow conversion (a second column: ~6% of a 500,000-row micro-batch)
 ROUTE_COLUMN = "__cowmap_route"
 KG_BITS = 16
+KG_MASK = (1 << KG_BITS) - 1
 
 #: backends kept warm per Python worker
 WARM_BACKENDS = 4
@@ -221,7 +222,7 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
 
     if batch is not None:
         route = batch[ROUTE_COLUMN].to_numpy()
-        kgs = route & ((1 << KG_BITS) - 1)
+        kgs = route & KG_MASK
         if kgs.min() < kg_range.start or kgs.max() > kg_range.end:
             raise RuntimeError(
                 f"cowmap.spark: partition {partition} (key groups {kg_range.start}..{kg_range.end}) got rows of key "
