@@ -26,6 +26,7 @@ COMPILED = (
     "cowmap._controller",
     "cowmap._requests",
     "cowmap._timers",
+    "cowmap._groups",
 )
 
 

@@ -74,3 +74,84 @@ def test_groups_of_more_keys_than_one_radix_pass_takes() -> None:
     got = {key: rows.index.tolist() for key, rows in group_rows(frame, ["k"], lambda k: None)}
     assert len(got) > 65_536
     assert got == {k: idx.tolist() for k, idx in frame.groupby("k").indices.items()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.integers(-(2**40), 2**40) | st.integers(0, 5), max_size=40), ttl_every_record=st.booleans())
+def test_groups_make_each_key_current_as_set_current_key_does(keys: list[int], ttl_every_record: bool) -> None:
+    """Through a backend's key context (in C): the same key, key group and
+    per-record TTL cleanup steps as ``set_current_key`` per group, and the
+    same groups as through a callable."""
+    from datetime import timedelta
+
+    from cowmap.state import KeyedStateBackend, KeyGroupRange, StateTtlConfig, ValueStateDescriptor
+
+    frame = pd.DataFrame({"k": np.asarray(keys, dtype=np.int64), "v": np.arange(len(keys))})
+
+    def run(via_context: bool) -> tuple[list[tuple[Any, Any, int, int]], int]:
+        now = [0]
+        # one key group: each cleanup sweep examines the map that holds the entries
+        b = KeyedStateBackend(1, KeyGroupRange(0, 0), time_provider=lambda: now[0], spark_key_types=["bigint"])
+        d = ValueStateDescriptor("v")
+        cfg = StateTtlConfig.new_builder(timedelta(milliseconds=5))
+        d.enable_time_to_live((cfg.cleanup_incrementally(2, True) if ttl_every_record else cfg).build())
+        s = b.get_state(d)
+        for k in set(keys):  # each key's value written at 0, expired by the time the groups run
+            b.set_current_key(k)
+            s.update(k)
+        now[0] = 10
+        seen = []
+        for key, rows in group_rows(frame, ["k"], b._kc if via_context else b.set_current_key):
+            seen.append((key, b.get_current_key(), b._kc.key_group, len(rows)))
+        return seen, sum(len(m) for m in s._t.maps if m is not None)
+
+    via_kc, via_call = run(True), run(False)
+    assert via_kc == via_call
+    for key, current, kg, _n in via_kc[0]:
+        assert current == key and kg is not None
+
+
+def test_groups_through_a_key_context_take_the_per_record_cleanup_steps() -> None:
+    """Each group is a record: with cleanup on every record, a pass over more
+    keys than the slowest sweep interval (sweeps back off while they find
+    nothing) removes expired entries, as a ``set_current_key`` loop does."""
+    from datetime import timedelta
+
+    from cowmap.state import KeyedStateBackend, KeyGroupRange, StateTtlConfig, ValueStateDescriptor
+    from cowmap.state.table import CLEANUP_BATCH, CLEANUP_MAX_BACKOFF
+
+    n = 4 * CLEANUP_BATCH * CLEANUP_MAX_BACKOFF
+    now = [0]
+    b = KeyedStateBackend(1, KeyGroupRange(0, 0), time_provider=lambda: now[0], spark_key_types=["bigint"])
+    d = ValueStateDescriptor("v")
+    d.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=5)).cleanup_incrementally(2, True).build())
+    s = b.get_state(d)
+    for k in range(n):
+        b.set_current_key(k)
+        s.update(k)
+    now[0] = 10
+    for _key, _rows in group_rows(pd.DataFrame({"k": np.arange(n, 2 * n)}), ["k"], b._kc):
+        pass
+    assert len(s._t.maps[0]) < n
+
+
+def test_groups_refuse_a_key_outside_the_backends_range_and_bad_arguments() -> None:
+    from cowmap._groups import Groups, OrderedBatch, Rows
+    from cowmap.state import KeyedStateBackend, KeyGroupRange
+
+    b = KeyedStateBackend(4096, KeyGroupRange(0, 10), spark_key_types=["bigint"])
+    outside = next(k for k in range(10_000) if b._kc.key_group_for(k) > 10)
+    frame = pd.DataFrame({"k": [outside]})
+    with pytest.raises(ValueError, match="outside this backend's range"):
+        list(group_rows(frame, ["k"], b._kc))
+    with pytest.raises(TypeError, match="made by ctx.groups"):
+        Rows()
+    ordered = OrderedBatch(frame, np.arange(1), np.zeros(1, dtype=np.int64))
+    with pytest.raises(TypeError, match="KeyContext or a callable"):
+        Groups(ordered, [1], np.array([0, 1], dtype=np.int64), 42)
+    with pytest.raises(ValueError, match="need 2 bounds"):
+        Groups(ordered, [1], np.array([0], dtype=np.int64), print)
+    it = Groups(ordered, [1], np.array([0, 1], dtype=np.int64), lambda k: None)
+    (key, rows), = list(it)
+    assert list(it) == [] and key == 1
+    assert len(rows) == 1 and rows["k"].tolist() == [outside] and "Rows 1 of 1" in repr(rows)  # (kept past the loop)

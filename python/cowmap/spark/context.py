@@ -102,7 +102,7 @@ class StateContext:
         """``(key, rows)`` per distinct key of ``batch``, in order of first
         appearance, with the key current while its rows are handled: a scalar for
         one key column, a tuple for several. See :class:`~cowmap.spark.Rows`."""
-        return group_rows(batch, self.keys, self.backend.set_current_key)
+        return group_rows(batch, self.keys, self.backend._kc)
 
     def __repr__(self) -> str:
         r = self.key_group_range
