@@ -155,3 +155,39 @@ def test_groups_refuse_a_key_outside_the_backends_range_and_bad_arguments() -> N
     (key, rows), = list(it)
     assert list(it) == [] and key == 1
     assert len(rows) == 1 and rows["k"].tolist() == [outside] and "Rows 1 of 1" in repr(rows)  # (kept past the loop)
+
+
+def test_groups_leave_no_references_or_memory_behind() -> None:
+    """Many passes over a batch (keys, rows, aggregates, columns): the keys'
+    reference counts and the traced memory come back to where they were."""
+    import gc
+    import sys
+    import tracemalloc
+
+    from cowmap.state import KeyedStateBackend
+
+    b = KeyedStateBackend(128, spark_key_types=["string"])
+    keys = [f"key-{i}" for i in range(300)]
+    frame = pd.DataFrame({"k": pd.Series(keys * 3, dtype=object), "v": np.arange(900)})
+
+    def passes(n: int) -> None:
+        for _ in range(n):
+            for _key, rows in group_rows(frame, ["k"], b._kc):
+                len(rows), rows.sum("v"), rows.max("v"), rows["v"], rows.index
+            for _key, rows in group_rows(frame, ["k"], b.set_current_key):
+                rows.min("v")
+
+    passes(2)
+    b.set_current_key("other")
+    gc.collect()
+    before = [sys.getrefcount(k) for k in keys]
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        passes(20)
+        b.set_current_key("other")
+        gc.collect()
+        assert tracemalloc.get_traced_memory()[0] - base < 64 * 1024
+    finally:
+        tracemalloc.stop()
+    assert [sys.getrefcount(k) for k in keys] == before
