@@ -316,21 +316,19 @@ class CheckpointStorage:
                 for at in range(0, len(ordered), CHANGE_CHUNK):
                     chunk = ordered[at : at + CHANGE_CHUNK]
                     sections = encode_change_chunk(snap, chunk)
-                    for kg in chunk:
-                        snap._release_key_group(kg)
+                    snap._release_key_groups(chunk)
                     rows += put(chunk[0], chunk[-1], sections)
             else:  # full: key groups gathered until a block holds BLOCK_ROWS rows, read in one call per state
-                group: list[int] = []
-                in_group = 0
-                for i, kg in enumerate(ordered := sorted(kgs)):
-                    group.append(kg)
-                    in_group += full_rows(snap, kg)
+                ordered = sorted(kgs)
+                first = in_group = 0
+                for i, n in enumerate(full_rows(snap, ordered)):
+                    in_group += n
                     if in_group >= BLOCK_ROWS or i == len(ordered) - 1:
+                        group = ordered[first : i + 1]
                         sections = encode_full_group(snap, group)
-                        for g in group:  # read out: the backend need not keep their data for us any longer
-                            snap._release_key_group(g)
-                        rows += put(group[0], kg, sections)
-                        group, in_group = [], 0
+                        snap._release_key_groups(group)  # read out: the backend need not keep them for us
+                        rows += put(group[0], group[-1], sections)
+                        first, in_group = i + 1, 0
             if pending is not None:
                 w.block(PENDING_BLOCK, PENDING_BLOCK, [pending])
             size = w.finish()

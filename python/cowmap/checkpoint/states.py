@@ -178,15 +178,18 @@ def timer_section_base(nstates: int) -> int:
     return 2 * nstates
 
 
-def full_rows(snap: KeyedStateSnapshot, kg: int) -> int:
-    """The entries of key group ``kg`` over every state (about the rows a full
-    checkpoint writes for it: a list state's entry makes one row a value)."""
-    n = 0
+def full_rows(snap: KeyedStateSnapshot, kgs: list[int]) -> list[int]:
+    """Per key group of ``kgs``, its entries over every state (about the rows a
+    full checkpoint writes for it: a list state's entry makes one row a value).
+    One pass per state, not a call per key group."""
+    rows = [0] * len(kgs)
     for name in snap.state_names():
-        m = snap._state(name).maps.get(kg)
-        if m is not None:
-            n += len(m)
-    return n
+        get = snap._state(name).maps.get
+        for i, kg in enumerate(kgs):
+            m = get(kg)
+            if m is not None:
+                rows[i] += len(m)
+    return rows
 
 
 def encode_full_group(snap: KeyedStateSnapshot, kgs: list[int]) -> list[Section]:
