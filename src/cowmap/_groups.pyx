@@ -71,37 +71,42 @@ cdef class Rows:
     and so is an aggregate (computed then for every group in one pass: O(1)
     per group after, where a numpy call per group costs microseconds)."""
 
-    cdef OrderedBatch _o
+    cdef OrderedBatch _o            # None only in one made by Rows.__new__, which every method refuses
     cdef readonly Py_ssize_t group, start, stop
 
     def __init__(self, *args, **kwargs):
         raise TypeError("Rows are made by ctx.groups(batch), not directly")
 
+    cdef inline OrderedBatch _batch(self):
+        if self._o is None:
+            raise TypeError("Rows are made by ctx.groups(batch), not directly")
+        return self._o
+
     def sum(self, name):
-        return self._o.aggregate("sum", name)[self.group]
+        return self._batch().aggregate("sum", name)[self.group]
 
     def min(self, name):
-        return self._o.aggregate("min", name)[self.group]
+        return self._batch().aggregate("min", name)[self.group]
 
     def max(self, name):
-        return self._o.aggregate("max", name)[self.group]
+        return self._batch().aggregate("max", name)[self.group]
 
     def __len__(self):
         return self.stop - self.start
 
     def __getitem__(self, name):
-        return self._o.column(name)[self.start:self.stop]
+        return self._batch().column(name)[self.start:self.stop]
 
     @property
     def index(self):
-        return self._o.order[self.start:self.stop]
+        return self._batch().order[self.start:self.stop]
 
     def to_pandas(self):
         """These rows as a DataFrame (a copy; the slow way, for code that needs one)."""
-        return self._o.frame.iloc[self.index]
+        return self._batch().frame.iloc[self.index]
 
     def __repr__(self):
-        return f"<Rows {self.stop - self.start} of {len(self._o.order)}>"
+        return f"<Rows {self.stop - self.start} of {len(self._batch().order)}>"
 
 
 @cython.final
