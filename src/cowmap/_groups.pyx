@@ -26,14 +26,14 @@ cdef class OrderedBatch:
 
     cdef readonly object frame
     cdef readonly object order      # the batch's row positions, by key
-    cdef readonly object starts     # each group's first row in the order (int64)
+    cdef readonly object bounds     # group i is rows bounds[i]..bounds[i + 1] of the order (int64)
     cdef dict _cols
     cdef dict _aggs                 # (how, column) -> a Python number per group
 
-    def __init__(self, frame, order, starts):
+    def __init__(self, frame, order, bounds):
         self.frame = frame
         self.order = order
-        self.starts = starts
+        self.bounds = bounds
         self._cols = {}
         self._aggs = {}
 
@@ -56,7 +56,7 @@ cdef class OrderedBatch:
             col = self.column(name)
             if col.dtype.kind not in "iufb":
                 raise TypeError(f"rows.{how}({name!r}) needs a numeric column, not {col.dtype}")
-            agg = self._aggs[(how, name)] = _REDUCERS[how].reduceat(col, self.starts).tolist()
+            agg = self._aggs[(how, name)] = _REDUCERS[how].reduceat(col, self.bounds[:-1]).tolist()
         return agg
 
 
@@ -113,7 +113,7 @@ cdef class Rows:
 @cython.auto_pickle(False)
 cdef class Groups:
     """The iterator of ``(key, rows)`` over an :class:`OrderedBatch`: group ``i``
-    has key ``keys[i]`` and rows ``bounds[i]..bounds[i + 1]`` of the order. Each
+    has key ``keys[i]`` and the batch's rows ``bounds[i]..bounds[i + 1]``. Each
     key is made current before its pair is returned: through ``target``'s
     ``set_current_key`` in C when it is a :class:`KeyContext` (the same check
     and per-record TTL cleanup step), else by calling ``target(key)``."""
@@ -125,8 +125,8 @@ cdef class Groups:
     cdef object _set_key
     cdef Py_ssize_t _i
 
-    def __init__(self, OrderedBatch ordered not None, list keys not None, bounds, target):
-        cdef const int64_t[::1] b = bounds
+    def __init__(self, OrderedBatch ordered not None, list keys not None, target):
+        cdef const int64_t[::1] b = ordered.bounds
         if b.shape[0] != len(keys) + 1:
             raise ValueError(f"{len(keys)} groups need {len(keys) + 1} bounds, got {b.shape[0]}")
         if isinstance(target, KeyContext):

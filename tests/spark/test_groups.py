@@ -146,12 +146,12 @@ def test_groups_refuse_a_key_outside_the_backends_range_and_bad_arguments() -> N
         list(group_rows(frame, ["k"], b._kc))
     with pytest.raises(TypeError, match="made by ctx.groups"):
         Rows()
-    ordered = OrderedBatch(frame, np.arange(1), np.zeros(1, dtype=np.int64))
+    ordered = OrderedBatch(frame, np.arange(1), np.array([0, 1], dtype=np.int64))
     with pytest.raises(TypeError, match="KeyContext or a callable"):
-        Groups(ordered, [1], np.array([0, 1], dtype=np.int64), 42)
+        Groups(ordered, [1], 42)
     with pytest.raises(ValueError, match="need 2 bounds"):
-        Groups(ordered, [1], np.array([0], dtype=np.int64), print)
-    it = Groups(ordered, [1], np.array([0, 1], dtype=np.int64), lambda k: None)
+        Groups(OrderedBatch(frame, np.arange(1), np.array([0], dtype=np.int64)), [1], print)
+    it = Groups(ordered, [1], lambda k: None)
     (key, rows), = list(it)
     assert list(it) == [] and key == 1
     assert len(rows) == 1 and rows["k"].tolist() == [outside] and "Rows 1 of 1" in repr(rows)  # (kept past the loop)

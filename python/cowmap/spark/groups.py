@@ -63,4 +63,4 @@ def group_rows(
     order = _stable_order(codes, len(values))
     bounds = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(np.bincount(codes, minlength=len(values)), out=bounds[1:])
-    return Groups(OrderedBatch(frame, order, bounds[:-1]), values, bounds, target)
+    return Groups(OrderedBatch(frame, order, bounds), values, target)
