@@ -67,3 +67,39 @@ def test_the_report_sets_spark_s_floor_against_the_reference_it_is_compared_with
     assert "  Spark's floor vs transformWithStateInPandas, every_key: 12.50x" in "\n".join(lines)
     res["workloads"]["large"]["figures"].pop("tws_row")
     assert not any("floor vs transformWithState (Row)" in ln for ln in bench.report(res))
+
+
+def test_repeats_run_round_by_round_and_the_report_gives_each_rounds_figure(monkeypatch) -> None:
+    """Every system runs once a round (not all its repeats in a row), so a slow
+    spell of the machine falls on all alike; the report shows the spread of a
+    figure over the rounds, each round's two queries compared."""
+    import pandas as pd
+
+    seconds = {"cowmap_per_key": iter([1.0, 2.0, 1.0, 1.0, 1.0, 1.0]),
+               "tws_row": iter([10.0, 30.0, 12.0, 5.0, 5.0, 5.0])}
+    calls: list[tuple[str, str]] = []
+
+    def fake_query(spark, system, src, work, partitions, schema):
+        calls.append((src.name, system))
+        return (0.1 if src.name.startswith("warm") else next(seconds[system])), pd.DataFrame()
+
+    class Conf:
+        def get(self, key, default=None):
+            return "true"
+
+    class Session:
+        conf = Conf()
+
+    monkeypatch.setattr(bench, "_time_query", fake_query)
+    monkeypatch.setattr(bench, "_check", lambda out, data, system: True)
+    logged: list[str] = []
+    res = bench.run(("cowmap_per_key", "tws_row"), rows=10, keys=2, batches=2, keys_every=2, repeats=3,
+                    commit_keys=0, spark=Session(), log=logged.append)
+    timed = [c for c in calls if not c[0].startswith("warm")]
+    assert timed == [("src-large", "cowmap_per_key"), ("src-large", "tws_row")] * 3 + [
+        ("src-every_key", "cowmap_per_key"), ("src-every_key", "tws_row")] * 3
+    assert bench.round_ratios(res, "per_key_vs_tws_row_large") == [10.0, 15.0, 12.0]
+    lines = "\n".join(bench.report(res))
+    # medians: 12 s against 1 s
+    assert "transformWithState (Row), one large batch: 12.00x, rounds 10.00x-15.00x (target >= 10.00x: met)" in lines
+    assert sum("round" in line for line in logged) == 6

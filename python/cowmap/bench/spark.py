@@ -341,19 +341,24 @@ def run(
             src = tmp / f"src-{name}"
             _write(src, data)
             n = sum(len(b) for b in data)
-            figures: dict[str, dict[str, Any]] = {}
-            for system in systems:
-                if system in failed:
-                    continue
-                times = []
-                for rep in range(repeats):
+            running = [s for s in systems if s not in failed]
+            times: dict[str, list[float]] = {s: [] for s in running}
+            ok: dict[str, bool] = {}
+            # round by round, every system once a round: a slow spell of the shared machine
+            # then falls on every system alike instead of on whichever ran its repeats in it
+            for rep in range(repeats):
+                for system in running:
                     work = tmp / f"{name}-{system}-{rep}"
                     seconds, out = _time_query(spark, system, src, work, partitions, "k long, v long")
-                    ok = _check(out, data, system)
-                    times.append(seconds)
+                    ok[system] = _check(out, data, system)
+                    times[system].append(seconds)
                     shutil.rmtree(work, ignore_errors=True)
-                med = statistics.median(times)
-                figures[system] = {"seconds": times, "rows_per_s": n / med, "state_ok": ok}
+                if repeats > 1:
+                    log(f"  {name:<9} round {rep + 1} of {repeats} done")
+            figures: dict[str, dict[str, Any]] = {}
+            for system in running:
+                med = statistics.median(times[system])
+                figures[system] = {"seconds": times[system], "rows_per_s": n / med, "state_ok": ok[system]}
                 log(f"  {name:<9} {LABELS[system]:<36} {n / med:>12,.0f} rows/s ({med:.2f} s)")
             res["workloads"][name] = {"rows": n, "micro_batches": len(data), "figures": figures}
     finally:
@@ -406,23 +411,39 @@ def commit_cost(keys: int, changed: float = 0.01, repeats: int = 3, seed: int = 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+#: each figure's workload, system and the system it is compared with
+PAIRS = {
+    "per_key_vs_tws_pandas_large": ("large", "cowmap_per_key", "tws_pandas"),
+    "per_key_vs_tws_row_large": ("large", "cowmap_per_key", "tws_row"),
+    "per_key_vs_tws_pandas_every_key": ("every_key", "cowmap_per_key", "tws_pandas"),
+    "columnar_vs_dict": ("large", "cowmap_columnar", "dict_map_in_pandas"),
+    "per_key_vs_dict": ("large", "cowmap_per_key", "dict_map_in_pandas"),
+}
+
+
+def _figure(res: dict[str, Any], workload: str, system: str) -> dict[str, Any] | None:
+    f: dict[str, Any] | None = res["workloads"].get(workload, {}).get("figures", {}).get(system)
+    return f
+
+
 def ratios(res: dict[str, Any]) -> dict[str, float | None]:
-    def rps(workload: str, system: str) -> float | None:
-        f = res["workloads"].get(workload, {}).get("figures", {}).get(system)
-        return f["rows_per_s"] if f else None
-
-    def ratio(a: float | None, b: float | None) -> float | None:
-        return a / b if a is not None and b else None
-
-    out: dict[str, float | None] = {
-        "per_key_vs_tws_pandas_large": ratio(rps("large", "cowmap_per_key"), rps("large", "tws_pandas")),
-        "per_key_vs_tws_row_large": ratio(rps("large", "cowmap_per_key"), rps("large", "tws_row")),
-        "per_key_vs_tws_pandas_every_key": ratio(rps("every_key", "cowmap_per_key"), rps("every_key", "tws_pandas")),
-        "columnar_vs_dict": ratio(rps("large", "cowmap_columnar"), rps("large", "dict_map_in_pandas")),
-        "per_key_vs_dict": ratio(rps("large", "cowmap_per_key"), rps("large", "dict_map_in_pandas")),
-        "commit_share": res["commit"]["share"] if "commit" in res else None,
-    }
+    out: dict[str, float | None] = {}
+    for name, (workload, system, ref) in PAIRS.items():
+        a, b = _figure(res, workload, system), _figure(res, workload, ref)
+        out[name] = a["rows_per_s"] / b["rows_per_s"] if a and b else None
+    out["commit_share"] = res["commit"]["share"] if "commit" in res else None
     return out
+
+
+def round_ratios(res: dict[str, Any], name: str) -> list[float]:
+    """Figure ``name`` in each round of the run (the two systems' queries of one
+    round ran one shortly after the other): its spread."""
+    workload, system, ref = PAIRS[name]
+    a, b = _figure(res, workload, system), _figure(res, workload, ref)
+    ta, tb = (a or {}).get("seconds") or [], (b or {}).get("seconds") or []
+    if len(ta) != len(tb):
+        return []
+    return [y / x for x, y in zip(ta, tb, strict=True)]
 
 
 def report(res: dict[str, Any]) -> list[str]:
@@ -459,7 +480,11 @@ def report(res: dict[str, Any]) -> list[str]:
             lines.append(f"  {labels[name]}: {value:.1%} (target <= {target:.0%}: {'met' if met else 'NOT met'})")
         else:
             met = value >= target
-            lines.append(f"  {labels[name]}: {value:.2f}x (target >= {target:.2f}x: {'met' if met else 'NOT met'})")
+            rounds = round_ratios(res, name)
+            spread = f", rounds {min(rounds):.2f}x-{max(rounds):.2f}x" if len(rounds) > 1 else ""
+            lines.append(
+                f"  {labels[name]}: {value:.2f}x{spread} (target >= {target:.2f}x: {'met' if met else 'NOT met'})"
+            )
     for workload, ref in (("large", "tws_row"), ("every_key", "tws_pandas")):
         floor, other = (res["workloads"].get(workload, {}).get("figures", {}).get(s) for s in ("shuffle_floor", ref))
         if floor and other:
