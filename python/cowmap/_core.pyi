@@ -344,6 +344,14 @@ def snapshot_changes_many(
     their changes, map after map, then per map the counts of changed entries and of
     removed keys. Every snapshot is checked first. O(changes + maps)."""
 
+TUPLE_COLUMNS_MAX: int
+
+def tuple_columns(rows: list[Any]) -> list[npt.NDArray[np.int64] | npt.NDArray[np.float64]] | None:
+    """The columns of ``rows`` when every row is a tuple (exactly) of one length,
+    1 to ``TUPLE_COLUMNS_MAX``, whose items at each position are all exact ints
+    that fit in int64 or all exact floats: an int64 or float64 array per
+    position. None otherwise. One C pass."""
+
 def snapshot_columns_many(
     snaps: list[StateMapSnapshot | FlatMapSnapshot], namespace: Any
 ) -> tuple[

@@ -478,3 +478,69 @@ def snapshot_columns_many(list snaps not None, namespace):
         PyMem_RawFree(cents)
         PyMem_RawFree(cn)
         PyMem_RawFree(cgot)
+
+
+cdef extern from "Python.h":
+    bint _is_exact_tuple "PyTuple_CheckExact"(PyObject *o)
+    bint _is_exact_int "PyLong_CheckExact"(PyObject *o)
+    Py_ssize_t _tuple_size "PyTuple_GET_SIZE"(PyObject *o)
+    PyObject *_tuple_item "PyTuple_GET_ITEM"(PyObject *o, Py_ssize_t i)
+    PyObject *_list_item "PyList_GET_ITEM"(PyObject *l, Py_ssize_t i)
+    long long _as_longlong "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow) except? -1
+
+#: the longest tuple tuple_columns takes apart (a wider one is rarely a record of numbers)
+TUPLE_COLUMNS_MAX = 64
+
+
+def tuple_columns(list rows not None):
+    """The columns of ``rows`` when every row is a tuple (exactly) of one length,
+    1 to ``TUPLE_COLUMNS_MAX``, whose items at each position are all exact ints
+    that fit in int64 or all exact floats: an int64 or float64 array per
+    position. None otherwise (bools, subclasses, other types, ragged rows): the
+    caller keeps its serializer. One C pass, no Python code run."""
+    import numpy as np
+    cdef Py_ssize_t n = len(rows), k, i, j
+    cdef PyObject *row
+    cdef PyObject *item
+    cdef int overflow = 0
+    cdef long long v
+    cdef double d
+    cdef int64_t[:, ::1] data
+    cdef uint8_t[64] is_float
+    if n == 0:
+        return None
+    row = _list_item(<PyObject *>rows, 0)
+    if not _is_exact_tuple(row):
+        return None
+    k = _tuple_size(row)
+    if k == 0 or k > TUPLE_COLUMNS_MAX:
+        return None
+    for j in range(k):
+        item = _tuple_item(row, j)
+        if _is_exact_int(item):
+            is_float[j] = 0
+        elif _is_exact_float(item):
+            is_float[j] = 1
+        else:
+            return None
+    out = np.empty((k, n), dtype=np.int64)
+    data = out
+    for i in range(n):  # (nothing below runs Python code: the list cannot change meanwhile)
+        row = _list_item(<PyObject *>rows, i)
+        if not _is_exact_tuple(row) or _tuple_size(row) != k:
+            return None
+        for j in range(k):
+            item = _tuple_item(row, j)
+            if is_float[j]:
+                if not _is_exact_float(item):
+                    return None
+                d = _float_value(item)
+                memcpy(&data[j, i], &d, sizeof(double))
+            else:
+                if not _is_exact_int(item):
+                    return None
+                v = _as_longlong(item, &overflow)
+                if overflow:
+                    return None
+                data[j, i] = v
+    return [out[j].view(np.float64) if is_float[j] else out[j] for j in range(k)]

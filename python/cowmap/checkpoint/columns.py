@@ -2,11 +2,13 @@
 
 A column holds one field (keys, namespaces, values, ...) of every row of one
 state in one key group. Ints that fit in int64, floats and strs take a fast
-path with no per-row serializer call; a column whose rows are all one object
-(the void namespace, mostly) is stored once; anything else goes through the
-state's serializer (pickle protocol 5 by default) as one list.
+path with no per-row serializer call, and so do tuples of them (a count and a
+sum, say: one numeric column per position); a column whose rows are all one
+object (the void namespace, mostly) is stored once; anything else goes through
+the state's serializer (pickle protocol 5 by default) as one list.
 
-A column is ``tag (u8) | length (u64) | payload``, little-endian.
+A column is ``tag (u8) | length (u64) | payload``, little-endian. A column of
+tuples is ``arity (u8)`` then one numeric column per position.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+
+from cowmap._core import tuple_columns
 
 __all__ = [
     "PICKLE",
@@ -35,6 +39,7 @@ T_SERIALIZED = 4
 T_CONST = 5
 T_NONE = 6  # a column of None (ListState without TTL has no timestamps)
 T_INT32 = 7  # ints that fit in int32, stored in 4 bytes each
+T_TUPLES = 8  # tuples of one length, each position all ints (int64) or all floats
 
 _COL = struct.Struct("<BQ")
 
@@ -113,6 +118,10 @@ def encode_column(col: Any, serializer: Serializer) -> list[bytes]:
         elif t is str:
             if all(type(x) is str for x in col):
                 return _strings(col)
+        elif t is tuple:
+            parts = tuple_columns(col if type(col) is list else list(col))
+            if parts is not None:
+                return _tuples(parts)
         elif first is None and all(x is None for x in col):
             return [_COL.pack(T_NONE, 0)]
         if _hashable(first) and all(x is first for x in col):
@@ -149,6 +158,13 @@ def _raw(tag: int, arr: np.ndarray) -> list[bytes]:
     return [_COL.pack(tag, len(data)), data]
 
 
+def _tuples(parts: list[np.ndarray]) -> list[bytes]:
+    out = [bytes((len(parts),))]
+    for p in parts:
+        out += encode_column(p, PICKLE)
+    return [_COL.pack(T_TUPLES, sum(map(len, out))), *out]
+
+
 def _strings(col: Sequence[str]) -> list[bytes]:
     encoded = [s.encode("utf-8", "surrogatepass") for s in col]
     ends = np.cumsum(np.fromiter(map(len, encoded), np.int64, len(encoded)), dtype=np.int64)
@@ -167,7 +183,7 @@ def skip_column(buf: memoryview, pos: int) -> int:
         raise ColumnError(f"column header at byte {pos} runs past the block")
     tag, size = _COL.unpack_from(buf, pos)
     end = pos + _COL.size + size
-    if end > len(buf) or not T_INT64 <= tag <= T_INT32:
+    if end > len(buf) or not T_INT64 <= tag <= T_TUPLES:
         raise ColumnError(f"bad column at byte {pos}")
     return end
 
@@ -202,6 +218,18 @@ def decode_column(buf: memoryview, pos: int, n: int, serializer: Serializer) -> 
         return out, end
     if tag == T_NONE:
         return [None] * n, end
+    if tag == T_TUPLES:
+        if size < 1 or data[0] == 0:
+            raise ColumnError("tuple column without its arity")
+        parts, at = [], 1
+        for _ in range(data[0]):
+            part, at = decode_column(data, at, n, serializer)
+            if not isinstance(part, np.ndarray):
+                raise ColumnError("a tuple column's position is not numeric")
+            parts.append(part.tolist())
+        if at != size:
+            raise ColumnError(f"tuple column of {size} bytes holds {at}")
+        return list(zip(*parts, strict=True)), end
     if tag == T_CONST:
         return (serializer.loads(bytes(data)),), end
     if tag == T_SERIALIZED:

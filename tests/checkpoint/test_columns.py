@@ -1,0 +1,116 @@
+"""A block's columns: what is encoded reads back as the very same objects (types,
+float bits, tuples versus lists), whichever path a column takes; a damaged
+column of tuples is refused with a ColumnError."""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections import namedtuple
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cowmap._core import TUPLE_COLUMNS_MAX, tuple_columns
+from cowmap.checkpoint.columns import _COL, PICKLE, T_TUPLES, ColumnError, decode_column, encode_column
+
+Pair = namedtuple("Pair", "a b")
+
+
+def same(a: Any, b: Any) -> bool:
+    """Equal, of the same types all the way down, floats bit for bit."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, float):
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def roundtrip(col: list[Any]) -> tuple[int, list[Any]]:
+    parts = encode_column(col, PICKLE)
+    buf = b"".join(bytes(p) for p in parts)
+    back, end = decode_column(memoryview(buf), 0, len(col), PICKLE)
+    assert end == len(buf)
+    if isinstance(back, np.ndarray):
+        back = back.tolist()
+    elif isinstance(back, tuple):  # a constant column
+        back = [back[0]] * len(col)
+    return _COL.unpack(bytes(parts[0]))[0], back
+
+
+NUMBER = st.one_of(
+    st.integers(-(2**63), 2**63 - 1),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.booleans(),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 4).flatmap(
+        lambda k: st.lists(st.one_of(st.tuples(*[NUMBER] * k), st.tuples(*[NUMBER] * (k + 1)),
+                                     st.builds(Pair, NUMBER, NUMBER), st.integers()), min_size=1, max_size=40)
+    )
+)
+def test_any_column_of_tuples_reads_back_as_the_same_objects(col: list[Any]) -> None:
+    tag, back = roundtrip(col)
+    assert same(back, col)
+    # the typed path is taken exactly when tuple_columns takes the rows apart
+    assert (tag == T_TUPLES) == (tuple_columns(col) is not None)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.floats()), min_size=1, max_size=200))
+def test_tuples_of_ints_and_floats_take_the_typed_path(col: list[tuple[int, float]]) -> None:
+    tag, back = roundtrip(col)
+    assert tag == T_TUPLES and same(back, col)
+
+
+def test_what_tuple_columns_refuses() -> None:
+    assert tuple_columns([]) is None
+    assert tuple_columns([()]) is None  # no positions
+    assert tuple_columns([(1,) * (TUPLE_COLUMNS_MAX + 1)]) is None
+    assert tuple_columns([(1,) * TUPLE_COLUMNS_MAX]) is not None
+    for bad in ([(1, True)], [(1, 2), (1,)], [(1, 2), [1, 2]], [(2**63,)], [(1,), (1.0,)], [(1.0,), (1,)],
+                [Pair(1, 2)], [(1, "a")], [(1, None)], [1, (1,)]):
+        assert tuple_columns(bad) is None, bad
+        tag, back = roundtrip(bad)
+        assert tag != T_TUPLES and same(back, bad)
+    ints, floats = tuple_columns([(1, -0.0), (-(2**63), math.inf)])  # type: ignore[misc]
+    assert ints.dtype == np.int64 and ints.tolist() == [1, -(2**63)]
+    assert floats.dtype == np.float64 and same(floats.tolist(), [-0.0, math.inf])
+
+
+def test_long_tuple_columns_narrow_their_int_positions() -> None:
+    col = [(i, i * 2**40, float(i)) for i in range(5_000)]
+    parts = encode_column(col, PICKLE)
+    assert sum(map(len, parts)) < 5_000 * (4 + 8 + 8) + 100  # the first position in 4 bytes a row
+    assert roundtrip(col) == (T_TUPLES, col)
+
+
+def _tuple_column(arity: int, parts: list[bytes]) -> bytes:
+    payload = bytes((arity,)) + b"".join(parts)
+    return _COL.pack(T_TUPLES, len(payload)) + payload
+
+
+@pytest.mark.parametrize(
+    "buf, problem",
+    [
+        (_tuple_column(0, []), "arity"),
+        (_COL.pack(T_TUPLES, 0), "arity"),
+        (_tuple_column(2, [b"".join(encode_column(np.arange(3), PICKLE))]), "past the block|runs past"),
+        (_tuple_column(1, [b"".join(encode_column(["a", "b", "c"], PICKLE))]), "not numeric"),
+        (_tuple_column(1, [b"".join(encode_column([(1,), (2,), (3,)], PICKLE))]), "not numeric"),
+        (_tuple_column(1, [b"".join(encode_column(np.arange(3), PICKLE)) + b"x"]), "holds"),
+        (_tuple_column(1, [b"".join(encode_column(np.arange(4), PICKLE))]), "bytes for 3 rows"),
+    ],
+)
+def test_a_damaged_tuple_column_is_a_column_error(buf: bytes, problem: str) -> None:
+    with pytest.raises(ColumnError, match=problem):
+        decode_column(memoryview(buf), 0, 3, PICKLE)
