@@ -450,8 +450,10 @@ def report(res: dict[str, Any]) -> list[str]:
     lines = [f"spark: rows/s over the whole query, local[{res['partitions']}], median of {res['repeats']}, "
              f"PySpark {res.get('pyspark', '?')}, Python workers over {res.get('sockets', '?')} sockets"]
     names = list(res["workloads"])
-    header = ["system"] + [f"{w} ({res['workloads'][w]['rows']:,} rows, {res['workloads'][w]['micro_batches']} batches)"
-                           for w in names]
+    header = ["system"]
+    for w in names:
+        nb = res["workloads"][w]["micro_batches"]
+        header.append(f"{w} ({res['workloads'][w]['rows']:,} rows, {nb} batch{'' if nb == 1 else 'es'})")
     body = []
     for system in SYSTEMS:
         cells = [LABELS[system]]
