@@ -488,8 +488,10 @@ cdef extern from "Python.h":
     PyObject *_list_item "PyList_GET_ITEM"(PyObject *l, Py_ssize_t i)
     long long _as_longlong "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow) except? -1
 
-#: the longest tuple tuple_columns takes apart (a wider one is rarely a record of numbers)
-TUPLE_COLUMNS_MAX = 64
+cdef enum:
+    _TUPLE_MAX = 64  # the longest tuple tuple_columns takes apart (a wider one is rarely a record of numbers)
+
+TUPLE_COLUMNS_MAX = _TUPLE_MAX  # (for show: the bound used is the C constant, which no rebinding changes)
 
 
 def tuple_columns(list rows not None):
@@ -506,14 +508,14 @@ def tuple_columns(list rows not None):
     cdef long long v
     cdef double d
     cdef int64_t[:, ::1] data
-    cdef uint8_t[64] is_float
+    cdef uint8_t[_TUPLE_MAX] is_float
     if n == 0:
         return None
     row = _list_item(<PyObject *>rows, 0)
     if not _is_exact_tuple(row):
         return None
     k = _tuple_size(row)
-    if k == 0 or k > TUPLE_COLUMNS_MAX:
+    if k == 0 or k > _TUPLE_MAX:
         return None
     for j in range(k):
         item = _tuple_item(row, j)

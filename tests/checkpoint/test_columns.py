@@ -114,3 +114,13 @@ def _tuple_column(arity: int, parts: list[bytes]) -> bytes:
 def test_a_damaged_tuple_column_is_a_column_error(buf: bytes, problem: str) -> None:
     with pytest.raises(ColumnError, match=problem):
         decode_column(memoryview(buf), 0, 3, PICKLE)
+
+
+def test_rebinding_the_tuple_bound_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is a C constant (the Python name only shows it): a hostile
+    rebinding cannot make the C pass write past its per-position flags."""
+    import cowmap._core as core
+
+    monkeypatch.setattr(core, "TUPLE_COLUMNS_MAX", 10_000)
+    assert tuple_columns([(1,) * 1_000]) is None
+    assert tuple_columns([(1,) * 64]) is not None
