@@ -124,3 +124,44 @@ def test_rebinding_the_tuple_bound_changes_nothing(monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(core, "TUPLE_COLUMNS_MAX", 10_000)
     assert tuple_columns([(1,) * 1_000]) is None
     assert tuple_columns([(1,) * 64]) is not None
+
+
+def test_a_state_s_own_serializer_sees_its_tuples(tmp_path: Any) -> None:
+    """Tuples skip pickle, not a serializer the state names: that one may map what
+    it reads (here it upgrades old 2-field records to 3 fields, a schema change)."""
+    import pickle
+
+    from cowmap.checkpoint import CheckpointStorage
+    from cowmap.state import KeyedStateBackend, ValueStateDescriptor
+
+    class Upgrading:
+        name = "upgrading"
+
+        @staticmethod
+        def dumps(obj: Any) -> bytes:
+            return pickle.dumps(obj)
+
+        @staticmethod
+        def loads(data: bytes) -> Any:
+            def up(v: Any) -> Any:
+                return (*v, 0) if isinstance(v, tuple) and len(v) == 2 else v
+
+            obj = pickle.loads(data)  # a column's list of values, or one value every row shares
+            return [up(v) for v in obj] if isinstance(obj, list) else up(obj)
+
+    def backend(serializer: Any) -> tuple[KeyedStateBackend, Any]:
+        b = KeyedStateBackend(max_parallelism=1)
+        d = ValueStateDescriptor("v", serializer=serializer) if serializer else ValueStateDescriptor("v")
+        return b, b.get_state(d)
+
+    for serializer, want in ((Upgrading(), (1, 20, 0)), (None, (1, 20))):
+        src, v = backend(serializer)
+        for k in range(3):
+            src.set_current_key(k)
+            v.update((k, 20))
+        storage = CheckpointStorage(tmp_path / str(serializer is None))
+        storage.save(src)
+        dst, w = backend(serializer)
+        storage.restore(dst)
+        dst.set_current_key(1)
+        assert w.value() == want

@@ -3,7 +3,8 @@
 A column holds one field (keys, namespaces, values, ...) of every row of one
 state in one key group. Ints that fit in int64, floats and strs take a fast
 path with no per-row serializer call, and so do tuples of them (a count and a
-sum, say: one numeric column per position); a column whose rows are all one
+sum, say: one numeric column per position) unless the state names a serializer
+of its own; a column whose rows are all one
 object (the void namespace, mostly) is stored once; anything else goes through
 the state's serializer (pickle protocol 5 by default) as one list.
 
@@ -118,7 +119,8 @@ def encode_column(col: Any, serializer: Serializer) -> list[bytes]:
         elif t is str:
             if all(type(x) is str for x in col):
                 return _strings(col)
-        elif t is tuple:
+        elif t is tuple and serializer is PICKLE:
+            # (a serializer of the state's own sees its tuples: it may map them, e.g. migrate a schema)
             parts = tuple_columns(col if type(col) is list else list(col))
             if parts is not None:
                 return _tuples(parts)
