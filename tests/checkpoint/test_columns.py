@@ -109,10 +109,19 @@ def _tuple_column(arity: int, parts: list[bytes]) -> bytes:
         (_tuple_column(1, [b"".join(encode_column([(1,), (2,), (3,)], PICKLE))]), "not numeric"),
         (_tuple_column(1, [b"".join(encode_column(np.arange(3), PICKLE)) + b"x"]), "holds"),
         (_tuple_column(1, [b"".join(encode_column(np.arange(4), PICKLE))]), "bytes for 3 rows"),
+        (_tuple_column(1, [_tuple_column(1, [b""])]), "not numeric"),
     ],
 )
 def test_a_damaged_tuple_column_is_a_column_error(buf: bytes, problem: str) -> None:
     with pytest.raises(ColumnError, match=problem):
+        decode_column(memoryview(buf), 0, 3, PICKLE)
+
+
+def test_tuple_columns_nested_deeper_than_the_stack_are_a_column_error() -> None:
+    buf = b""
+    for _ in range(5_000):  # a crafted block: each level a tuple column holding the next
+        buf = _tuple_column(1, [buf])
+    with pytest.raises(ColumnError, match="not numeric"):
         decode_column(memoryview(buf), 0, 3, PICKLE)
 
 

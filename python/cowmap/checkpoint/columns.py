@@ -225,9 +225,9 @@ def decode_column(buf: memoryview, pos: int, n: int, serializer: Serializer) -> 
             raise ColumnError("tuple column without its arity")
         parts, at = [], 1
         for _ in range(data[0]):
-            part, at = decode_column(data, at, n, serializer)
-            if not isinstance(part, np.ndarray):
+            if at + _COL.size <= size and data[at] not in _RAW:  # (checked first: no nesting to recurse into)
                 raise ColumnError("a tuple column's position is not numeric")
+            part, at = decode_column(data, at, n, serializer)
             parts.append(part.tolist())
         if at != size:
             raise ColumnError(f"tuple column of {size} bytes holds {at}")
