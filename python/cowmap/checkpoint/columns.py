@@ -3,10 +3,10 @@
 A column holds one field (keys, namespaces, values, ...) of every row of one
 state in one key group. Ints that fit in int64, floats and strs take a fast
 path with no per-row serializer call, and so do tuples of them (a count and a
-sum, say: one numeric column per position) unless the state names a serializer
-of its own; a column whose rows are all one
-object (the void namespace, mostly) is stored once; anything else goes through
-the state's serializer (pickle protocol 5 by default) as one list.
+sum, say: one numeric column per position) unless the state names a
+serializer of its own; a column whose rows are all one object (the void
+namespace, mostly) is stored once; anything else goes through the state's
+serializer (pickle protocol 5 by default) as one list.
 
 A column is ``tag (u8) | length (u64) | payload``, little-endian. A column of
 tuples is ``arity (u8)`` then one numeric column per position.
