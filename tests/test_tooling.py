@@ -18,16 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COMPILED = (
-    "cowmap._core",
-    "cowmap._keygroups",
-    "cowmap._context",
-    "cowmap._future",
-    "cowmap._controller",
-    "cowmap._requests",
-    "cowmap._timers",
-    "cowmap._groups",
-)
+#: every compiled module: one per Cython source
+COMPILED = tuple(f"cowmap.{p.stem}" for p in sorted((ROOT / "src" / "cowmap").glob("*.pyx")))
 
 
 def run_tool(*args: str, cache: Path, cwd: Path = ROOT) -> None:
