@@ -8,6 +8,9 @@ import pandas as pd
 
 from cowmap._context import KeyContext
 
+def group_int64(keys: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """An int64 key column's distinct keys in order of first appearance, its rows by key, their bounds."""
+
 @final
 class OrderedBatch:
     """A batch and its rows' order by key; columns and per-group aggregates made on first use."""

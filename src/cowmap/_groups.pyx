@@ -9,13 +9,130 @@ accesses the user's loop makes).
 """
 
 cimport cython
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
+from libc.stdlib cimport calloc, free, malloc, realloc
 
 from cowmap._context cimport KeyContext
 
 import numpy as np
 
 cdef dict _REDUCERS = {"sum": np.add, "min": np.minimum, "max": np.maximum}
+
+
+cdef inline uint64_t _mix(uint64_t x) noexcept nogil:
+    # Murmur3's 64-bit finalizer: keys that differ only in high bits spread over the table
+    x ^= x >> 33
+    x *= 0xff51afd7ed558ccdULL
+    x ^= x >> 33
+    x *= 0xc4ceb9fe1a85ec53ULL
+    x ^= x >> 33
+    return x
+
+
+cdef Py_ssize_t _codes_of(const int64_t* keys, Py_ssize_t n, int32_t* codes, int64_t** uniques) noexcept nogil:
+    """Per row the code of its key (0.. in order of first appearance) and, in
+    ``*uniques`` (malloc'ed), the distinct keys by code; returns their count,
+    -1 without memory. The table is open-addressing, at most half full, and
+    holds codes only (4 bytes a slot, the key read from ``*uniques``); it grows
+    with the distinct keys, so it stays small enough for the cache (pandas'
+    factorize sizes its table by the rows: three times slower here)."""
+    cdef Py_ssize_t cap = 1024, mask = cap - 1, i, j, c, ngroups = 0
+    cdef int64_t key
+    cdef int32_t slot
+    cdef int32_t* table = <int32_t*>calloc(cap, sizeof(int32_t))  # a code + 1 per slot, 0 for empty
+    cdef int64_t* seen = <int64_t*>malloc((cap // 2) * sizeof(int64_t))
+    cdef void* grown
+    if table == NULL or seen == NULL:
+        free(table)
+        free(seen)
+        return -1
+    for i in range(n):
+        key = keys[i]
+        j = <Py_ssize_t>(_mix(<uint64_t>key) & <uint64_t>mask)
+        while True:
+            slot = table[j]
+            if slot == 0:
+                seen[ngroups] = key
+                ngroups += 1
+                table[j] = <int32_t>ngroups
+                codes[i] = <int32_t>(ngroups - 1)
+                break
+            if seen[slot - 1] == key:
+                codes[i] = slot - 1
+                break
+            j = (j + 1) & mask
+        if ngroups * 2 >= cap:  # room for cap // 2 keys: the codes rehashed into a table twice the size
+            grown = realloc(seen, cap * sizeof(int64_t))
+            if grown == NULL:
+                free(table)
+                free(seen)
+                return -1
+            seen = <int64_t*>grown
+            free(table)
+            cap *= 2
+            mask = cap - 1
+            table = <int32_t*>calloc(cap, sizeof(int32_t))
+            if table == NULL:
+                free(seen)
+                return -1
+            for c in range(ngroups):
+                j = <Py_ssize_t>(_mix(<uint64_t>seen[c]) & <uint64_t>mask)
+                while table[j] != 0:
+                    j = (j + 1) & mask
+                table[j] = <int32_t>(c + 1)
+    free(table)
+    uniques[0] = seen
+    return ngroups
+
+
+def group_int64(keys):
+    """``(keys, order, bounds)`` of an int64 key column: its distinct keys in
+    order of first appearance (Python ints, as pandas' ``factorize`` gives
+    them), the row positions by key (ties in row order) and the int64 bounds
+    of each key's run in them. O(n): a pass through a hash table of the
+    distinct keys, then a counting sort, both without the GIL."""
+    cdef const int64_t[::1] k = np.ascontiguousarray(keys, dtype=np.int64)
+    cdef Py_ssize_t n = k.shape[0], c, ngroups = 0
+    if n > 0x7FFFFFFF:  # (codes are int32)
+        raise ValueError(f"a batch of {n} rows is too long to group (at most 2**31 - 1)")
+    cdef int32_t* codes = <int32_t*>malloc(n * sizeof(int32_t) + 1)
+    cdef int64_t* seen = NULL
+    if codes == NULL:
+        raise MemoryError("no memory to group a batch's keys")
+    try:
+        if n:
+            with nogil:
+                ngroups = _codes_of(&k[0], n, codes, &seen)
+            if ngroups < 0:
+                raise MemoryError("no memory to group a batch's keys")
+        bounds_arr = np.zeros(ngroups + 1, dtype=np.int64)
+        order_arr = np.empty(n, dtype=np.int64)
+        values = [seen[c] for c in range(ngroups)]
+        _counting_sort(codes, n, ngroups, bounds_arr, order_arr)
+    finally:
+        free(codes)
+        free(seen)
+    return values, order_arr, bounds_arr
+
+
+cdef void _counting_sort(const int32_t* codes, Py_ssize_t n, Py_ssize_t ngroups,
+                         int64_t[::1] bounds, int64_t[::1] order) noexcept:
+    """The rows by code, ties in row order: counts, their running sum (each
+    code's start), then every row put at its code's cursor; each cursor ends at
+    the next code's start, so the bounds are the cursors moved one place up."""
+    cdef Py_ssize_t i, c
+    with nogil:
+        for i in range(n):
+            bounds[codes[i]] += 1
+        c = 0
+        for i in range(ngroups):
+            c, bounds[i] = c + bounds[i], c
+        for i in range(n):
+            order[bounds[codes[i]]] = i
+            bounds[codes[i]] += 1
+        for i in range(ngroups, 0, -1):
+            bounds[i] = bounds[i - 1]
+        bounds[0] = 0
 
 
 @cython.final

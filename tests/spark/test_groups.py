@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cowmap._groups import group_int64
 from cowmap.spark.groups import _stable_order, group_rows
 
 ROWS = st.lists(
@@ -74,6 +75,57 @@ def test_groups_of_more_keys_than_one_radix_pass_takes() -> None:
     got = {key: rows.index.tolist() for key, rows in group_rows(frame, ["k"], lambda k: None)}
     assert len(got) > 65_536
     assert got == {k: idx.tolist() for k, idx in frame.groupby("k").indices.items()}
+
+
+def _reference_groups(keys: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """What ``group_int64`` must give, the slow way: keys in order of first
+    appearance, row positions key by key (ties in row order), run bounds."""
+    rows: dict[int, list[int]] = {}
+    for i, k in enumerate(keys):
+        rows.setdefault(k, []).append(i)
+    order = [i for idx in rows.values() for i in idx]
+    bounds = np.cumsum([0] + [len(idx) for idx in rows.values()]).tolist()
+    return list(rows), order, bounds
+
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(INT64 | st.integers(-3, 3) | st.integers(0, 2**20).map(lambda i: i << 40), max_size=3000))
+def test_integer_keys_are_grouped_in_one_compiled_pass_as_by_hand(keys: list[int]) -> None:
+    """Any int64 keys (extremes, keys equal in their low bits, thousands of
+    them, so the table grows several times): the keys, order and bounds of
+    the slow way, the keys Python ints."""
+    values, order, bounds = group_int64(np.asarray(keys, dtype=np.int64))
+    want = _reference_groups(keys)
+    assert (values, order.tolist(), bounds.tolist()) == want
+    assert all(type(v) is int for v in values)
+    assert order.dtype == np.int64 and bounds.dtype == np.int64
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "Int64"])
+def test_every_integer_column_groups_as_pandas_does(dtype: str) -> None:
+    """The compiled pass takes the numpy integer columns int64 holds; uint64
+    and pandas' nullable Int64 go the general way: the same groups either way."""
+    keys = np.random.default_rng(7).integers(0, 100, 1000)
+    frame = pd.DataFrame({"k": pd.Series(keys).astype(dtype), "v": np.arange(1000)})
+    got = [(key, rows.index.tolist()) for key, rows in group_rows(frame, ["k"], lambda k: None)]
+    assert all(type(key) is int for key, _ in got)
+    assert got == [(k, idx.tolist()) for k, idx in frame.groupby("k", sort=False).indices.items()]
+
+
+def test_many_distinct_integer_keys_with_equal_low_bits() -> None:
+    """300,000 keys that differ only above bit 32, each twice: grouped as
+    pandas does (a table indexed by the keys' low bits would put them all in
+    one slot and take quadratic time)."""
+    keys = (np.random.default_rng(5).permutation(300_000).astype(np.int64) << 32) | 7
+    keys = np.concatenate([keys, keys[::-1]])
+    values, order, bounds = group_int64(keys)
+    codes, uniques = pd.factorize(keys, sort=False)
+    assert values == uniques.tolist()
+    assert order.tolist() == np.argsort(codes, kind="stable").tolist()
+    assert np.diff(bounds).tolist() == [2] * 300_000
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,10 +1,12 @@
 """``ctx.groups(batch)``: a micro-batch's rows grouped by key, with the key current.
 
-The batch is ordered by key once (a stable radix sort of factorized key codes,
-in C); a group's :class:`Rows` is then two integers over that order, and a column
-of it a slice of the batch's column reordered once on first use — no DataFrame
-per key. The per-key part (the iterator, making each key current, ``Rows``) is
-compiled (``cowmap._groups``).
+The batch is ordered by key once: one compiled pass for a single integer key
+column (a hash table of its distinct keys, then a counting sort), else pandas'
+factorized key codes and a stable radix sort of them. A group's :class:`Rows`
+is then two integers over that order, and a column of it a slice of the
+batch's column reordered once on first use — no DataFrame per key. The per-key
+part (the iterator, making each key current, ``Rows``) is compiled
+(``cowmap._groups``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from cowmap._context import KeyContext
-from cowmap._groups import Groups, OrderedBatch, Rows
+from cowmap._groups import Groups, OrderedBatch, Rows, group_int64
 
 __all__ = ["Rows", "group_rows"]
 
@@ -59,6 +61,13 @@ def group_rows(
     taking the key. O(n) once, then O(1) per group."""
     if len(frame) == 0:
         return iter(())
+    if len(keys) == 1:
+        col = frame[keys[0]]
+        dtype = col.dtype
+        if isinstance(dtype, np.dtype) and (dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize < 8)):
+            # integer keys (no null fits in a numpy int column): hashed and counted in one compiled pass
+            values, order, bounds = group_int64(col.to_numpy())
+            return Groups(OrderedBatch(frame, order, bounds), values, target)
     codes, values = _factorize(frame, keys)
     order = _stable_order(codes, len(values))
     bounds = np.zeros(len(values) + 1, dtype=np.int64)
