@@ -1,7 +1,8 @@
 # cython: language_level=3
 """A micro-batch's rows grouped by key, each key made current in C (``ctx.groups``).
 
-The Python side (cowmap.spark.groups) orders the batch by key once; what is left
+The Python side (cowmap.spark.groups) orders the batch by key once, here too for
+a single integer key column (``group_int64``: one pass, no pandas). What is left
 is per key, and compiled here: making the key current, a ``Rows`` of two
 integers, its length and its per-group aggregates, with no Python frame per key
 (a generator and Python methods cost ~0.5 µs a key, as much as the state
