@@ -91,8 +91,12 @@ def group_int64(keys):
     order of first appearance (Python ints, as pandas' ``factorize`` gives
     them), the row positions by key (ties in row order) and the int64 bounds
     of each key's run in them. O(n): a pass through a hash table of the
-    distinct keys, then a counting sort, both without the GIL."""
-    cdef const int64_t[::1] k = np.ascontiguousarray(keys, dtype=np.int64)
+    distinct keys, then a counting sort, both without the GIL. ``TypeError``
+    for a column of another type (uint64 included: not every value fits)."""
+    arr = np.asarray(keys)
+    if arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8 or arr.dtype == np.uint64:
+        raise TypeError(f"group_int64 groups a column of integers that int64 holds, not {arr.dtype}")
+    cdef const int64_t[::1] k = np.ascontiguousarray(arr, dtype=np.int64)
     cdef Py_ssize_t n = k.shape[0], c, ngroups = 0
     if n > 0x7FFFFFFF:  # (codes are int32)
         raise ValueError(f"a batch of {n} rows is too long to group (at most 2**31 - 1)")

@@ -115,6 +115,15 @@ def test_every_integer_column_groups_as_pandas_does(dtype: str) -> None:
     assert got == [(k, idx.tolist()) for k, idx in frame.groupby("k", sort=False).indices.items()]
 
 
+def test_the_integer_pass_refuses_other_columns() -> None:
+    for bad in (np.array([1.5, 2.0]), np.array(["a"], dtype=object), np.array([2**63], dtype=np.uint64)):
+        with pytest.raises(TypeError, match="integers that int64 holds"):
+            group_int64(bad)
+    with pytest.raises(ValueError, match="dimensions"):
+        group_int64(np.zeros((2, 2), dtype=np.int64))
+    assert group_int64(np.arange(10)[::2])[0] == [0, 2, 4, 6, 8]  # (a strided view)
+
+
 def test_many_distinct_integer_keys_with_equal_low_bits() -> None:
     """300,000 keys that differ only above bit 32, each twice: grouped as
     pandas does (a table indexed by the keys' low bits would put them all in
