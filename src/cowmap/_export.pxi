@@ -480,13 +480,10 @@ def snapshot_columns_many(list snaps not None, namespace):
         PyMem_RawFree(cgot)
 
 
-cdef extern from "Python.h":
+cdef extern from "Python.h":  # (_list_item, _is_exact_int and cm_as_int64: _multi.pxi's)
     bint _is_exact_tuple "PyTuple_CheckExact"(PyObject *o)
-    bint _is_exact_int "PyLong_CheckExact"(PyObject *o)
     Py_ssize_t _tuple_size "PyTuple_GET_SIZE"(PyObject *o)
     PyObject *_tuple_item "PyTuple_GET_ITEM"(PyObject *o, Py_ssize_t i)
-    PyObject *_list_item "PyList_GET_ITEM"(PyObject *l, Py_ssize_t i)
-    long long _as_longlong "PyLong_AsLongLongAndOverflow"(PyObject *o, int *overflow) except? -1
 
 cdef enum:
     _TUPLE_MAX = 64  # the longest tuple tuple_columns takes apart (a wider one is rarely a record of numbers)
@@ -505,7 +502,7 @@ def tuple_columns(list rows not None):
     cdef PyObject *row
     cdef PyObject *item
     cdef int overflow = 0
-    cdef long long v
+    cdef int64_t v
     cdef double d
     cdef int64_t[:, ::1] data
     cdef uint8_t[_TUPLE_MAX] is_float
@@ -541,7 +538,7 @@ def tuple_columns(list rows not None):
             else:
                 if not _is_exact_int(item):
                     return None
-                v = _as_longlong(item, &overflow)
+                v = cm_as_int64(item, &overflow)
                 if overflow:
                     return None
                 data[j, i] = v

@@ -488,7 +488,7 @@ def report(res: dict[str, Any]) -> list[str]:
                 f"  {labels[name]}: {value:.2f}x{spread} (target >= {target:.2f}x: {'met' if met else 'NOT met'})"
             )
     for workload, ref in (("large", "tws_row"), ("every_key", "tws_pandas")):
-        floor, other = (res["workloads"].get(workload, {}).get("figures", {}).get(s) for s in ("shuffle_floor", ref))
+        floor, other = _figure(res, workload, "shuffle_floor"), _figure(res, workload, ref)
         if floor and other:
             x = floor["rows_per_s"] / other["rows_per_s"]
             lines.append(f"  Spark's floor vs {LABELS[ref]}, {workload}: {x:.2f}x "
