@@ -47,9 +47,21 @@ class StateView:
     def _kc(self) -> KeyContext: ...
     @property
     def _ns(self) -> Any: ...
+    _default: Any
     def __init__(self, table: Any, kc: KeyContext, namespace: Any) -> None: ...
     def set_current_namespace(self, namespace: Any) -> None: ...
     def get_current_namespace(self) -> Any: ...
+
+@disjoint_base
+class TableCore:
+    """The compiled base of the state tables: the fields a state access reads."""
+
+    maps: list[Any]
+    ttl: int
+    update_on_read: bool
+    return_expired: bool
+    cleanup_size: int
+    ticks: int
 
 @final
 class TableCopier:

@@ -7,6 +7,8 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
+from cowmap._context import StateView
+
 # the columns a snapshot's entries are read out as (snapshot_columns and its kin)
 _KeyColumn: TypeAlias = npt.NDArray[np.int64] | list[Any]
 _NsColumn: TypeAlias = npt.NDArray[np.int64] | list[Any] | None
@@ -402,3 +404,9 @@ class ColumnReader:
         npt.NDArray[np.int64] | None,
     ]:
         """The columns of ``snapshot_columns`` once every row is read."""
+
+def value_state_value(self: StateView) -> Any:
+    """ValueState.value, compiled."""
+
+def value_state_update(self: StateView, value: Any) -> None:
+    """ValueState.update, compiled."""

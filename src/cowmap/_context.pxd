@@ -21,5 +21,16 @@ cdef public class StateView [object cm_StateView, type cm_StateViewType]:
     cdef object _t               # the state's table (its maps and settings)
     cdef KeyContext _kc          # the backend's key context
     cdef object _ns              # the view's current namespace
+    cdef object _default         # what a read of no value gives (the descriptor's default_value)
 
     cdef int _set_namespace(self, namespace) except -1
+
+
+cdef public class TableCore [object cm_TableCore, type cm_TableCoreType]:
+    # The compiled base of the state tables: the fields every state access reads.
+    cdef object maps             # a list: the map of each key group, None until written
+    cdef object ttl              # int ms; 0: no TTL
+    cdef object update_on_read   # bool: a TTL read refreshes the entry's timestamp
+    cdef object return_expired   # bool: an expired value not yet cleaned up is still returned
+    cdef object cleanup_size     # int: incremental cleanup's entries per access; 0: none
+    cdef object ticks            # int: accesses until the next cleanup sweep

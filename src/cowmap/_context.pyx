@@ -23,6 +23,7 @@ cdef extern from *:
     """
     #define CM_KC_OFF(f) offsetof(struct cm_KeyContext, f)
     #define CM_SV_OFF(f) offsetof(struct cm_StateView, f)
+    #define CM_TC_OFF(f) offsetof(struct cm_TableCore, f)
     """
     Py_ssize_t KC_KEY "CM_KC_OFF(key)"
     Py_ssize_t KC_KEY_GROUP "CM_KC_OFF(key_group)"
@@ -32,6 +33,13 @@ cdef extern from *:
     Py_ssize_t SV_T "CM_SV_OFF(_t)"
     Py_ssize_t SV_KC "CM_SV_OFF(_kc)"
     Py_ssize_t SV_NS "CM_SV_OFF(_ns)"
+    Py_ssize_t SV_DEFAULT "CM_SV_OFF(_default)"
+    Py_ssize_t TC_MAPS "CM_TC_OFF(maps)"
+    Py_ssize_t TC_TTL "CM_TC_OFF(ttl)"
+    Py_ssize_t TC_UPDATE_ON_READ "CM_TC_OFF(update_on_read)"
+    Py_ssize_t TC_RETURN_EXPIRED "CM_TC_OFF(return_expired)"
+    Py_ssize_t TC_CLEANUP_SIZE "CM_TC_OFF(cleanup_size)"
+    Py_ssize_t TC_TICKS "CM_TC_OFF(ticks)"
 
 
 @cython.auto_pickle(False)
@@ -169,6 +177,22 @@ for _name, _off in ((b"key", KC_KEY), (b"key_group", KC_KEY_GROUP), (b"clock", K
     cm_expose_member(KeyContext, _name, _off, 0)
 for _name, _off in ((b"_t", SV_T), (b"_kc", SV_KC), (b"_ns", SV_NS)):
     cm_expose_member(StateView, _name, _off, 0)
+cm_expose_member(StateView, b"_default", SV_DEFAULT, 1)
+
+
+@cython.auto_pickle(False)
+cdef public class TableCore [object cm_TableCore, type cm_TableCoreType]:
+    """The compiled base of the state tables: the fields a state access reads
+    (``maps``, ``ttl``, ``update_on_read``, ``return_expired``, ``cleanup_size``,
+    ``ticks``), so that compiled accesses (``ValueState.value``/``update``) read
+    them by field. Python reads and writes them as it would ``__slots__``; the
+    table's code sets them (``StateTable.configure``)."""
+
+
+for _name, _off in ((b"maps", TC_MAPS), (b"ttl", TC_TTL), (b"update_on_read", TC_UPDATE_ON_READ),
+                    (b"return_expired", TC_RETURN_EXPIRED), (b"cleanup_size", TC_CLEANUP_SIZE),
+                    (b"ticks", TC_TICKS)):
+    cm_expose_member(TableCore, _name, _off, 1)
 del _name, _off
 
 

@@ -765,3 +765,7 @@ include "_multi.pxi"
 include "_columns.pxi"
 include "_userlink.pxi"
 include "_export.pxi"
+
+# ------------------------------------------------------------ ValueState's accesses
+
+include "_value_access.pxi"

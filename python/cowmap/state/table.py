@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from cowmap._context import KeyContext, StateView, TableCopier
+from cowmap._context import KeyContext, StateView, TableCopier, TableCore
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing, maps_may_expire
 from cowmap.state.descriptors import StateDescriptor
 from cowmap.state.ttl import StateVisibility, UpdateType, expired
@@ -47,11 +47,13 @@ class VoidNamespace:
 VOID_NAMESPACE = VoidNamespace()
 
 
-class StateTable:
+class StateTable(TableCore):
     """The maps of one state, its TTL settings and its incremental cleanup.
 
     Subclasses (one per state kind) say how a state is stored, swept, exported
-    to snapshots and imported from them.
+    to snapshots and imported from them. The fields every access reads (the
+    maps, the TTL settings, the cleanup counter) are compiled (``TableCore``),
+    for the compiled accesses.
     """
 
     kind = ""
@@ -91,7 +93,7 @@ class StateTable:
                 f"state {descriptor.name!r} is registered as {self.kind} state; cannot use it as {descriptor.kind}"
             )
         cfg = descriptor.ttl_config
-        if hasattr(self, "ttl") and bool(self.ttl) != (cfg is not None):
+        if hasattr(self, "descriptor") and bool(self.ttl) != (cfg is not None):
             have, want = ("with", "without") if self.ttl else ("without", "with")
             raise ValueError(
                 f"state {descriptor.name!r} is registered {have} TTL; it cannot be registered {want} TTL "
@@ -100,7 +102,7 @@ class StateTable:
         self.descriptor = descriptor
         self.ttl_config = cfg
         self.copy_value = descriptor.copier
-        self.ttl: int = cfg.ttl_ms if cfg is not None else 0
+        self.ttl = cfg.ttl_ms if cfg is not None else 0
         self.update_on_read = cfg is not None and cfg.update_type is UpdateType.OnReadAndWrite
         self.return_expired = cfg is not None and cfg.state_visibility is StateVisibility.ReturnExpiredIfNotCleanedUp
         self.cleanup_size = cfg.incremental_cleanup_size if cfg is not None else 0
@@ -260,12 +262,13 @@ class State(StateView):
     """Base of the state views: the current namespace and the backend's key context.
 
     Its fields are compiled (``StateView``: ``_t`` the table, ``_kc`` the backend's
-    key context, ``_ns`` the current namespace, ``VOID_NAMESPACE`` by default), so
-    the async layer reads them by field; ``set_current_namespace`` /
+    key context, ``_ns`` the current namespace, ``VOID_NAMESPACE`` by default,
+    ``_default`` what a read of no value gives), so the async layer and the
+    compiled accesses read them by field; ``set_current_namespace`` /
     ``get_current_namespace`` come from there too.
     """
 
-    __slots__ = ("_default",)
+    __slots__ = ()
 
     def __init__(self, table: StateTable) -> None:
         super().__init__(table, table.kc, VOID_NAMESPACE)

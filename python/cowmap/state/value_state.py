@@ -14,6 +14,8 @@ from cowmap._core import (
     column_remove,
     multi_get,
     multi_put,
+    value_state_update,
+    value_state_value,
 )
 from cowmap._requests import positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncValueMethods
@@ -45,61 +47,12 @@ class ValueState(AsyncValueMethods, State):
         self._fresh_default = default is not None and table.copy_value(default) is not default
 
     def _default_value(self) -> Any:
+        """The descriptor's default value (a copy of a mutable one)."""
         return self._t.copy_value(self._default) if self._fresh_default else self._default
 
-    def value(self) -> Any:
-        """The current key's value in the current namespace; the descriptor's
-        ``default_value`` when there is none or it expired. O(1)."""
-        t = self._t
-        kc = self._kc
-        try:  # State._current_map, inlined: value() and update() are the hottest path
-            m = t.maps[kc.key_group]
-        except TypeError:
-            raise self._no_key() from None
-        if not t.ttl:
-            if m is None:
-                return self._default_value() if self._fresh_default else self._default
-            v = m.get(kc.key, self._ns)
-            if v is None:
-                return self._default_value() if self._fresh_default else self._default
-            return v
-        if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
-            t.ticks -= 1
-            if t.ticks <= 0:
-                t.run_cleanup()
-        if m is None:
-            return self._default_value()
-        # the time provider, not its time: the map calls it once (the default
-        # wall_clock_ms in C, without a Python call)
-        v = m.get_unexpired(kc.key, self._ns, kc.clock, t.ttl, t.update_on_read)
-        if v is None:
-            return self._default_value()
-        if v is EXPIRED:
-            v = m.remove_and_get_old(kc.key, self._ns)
-            return v if t.return_expired else self._default_value()
-        return v
-
-    def update(self, value: Any) -> None:
-        """Set the current key's value (and, with TTL, its timestamp); None clears it. O(1)."""
-        t = self._t
-        kc = self._kc
-        if value is None:
-            self.clear()
-            return
-        try:
-            m = t.maps[kc.key_group]
-        except TypeError:
-            raise self._no_key() from None
-        if m is None:
-            m = t.map_for_write(kc.key_group)
-        if not t.ttl:
-            m.put(kc.key, self._ns, value)
-            return
-        if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
-            t.ticks -= 1
-            if t.ticks <= 0:
-                t.run_cleanup()
-        m.put(kc.key, self._ns, value, kc.clock)
+    # compiled (cowmap._core): value() and update() are the hottest per-key path
+    value = value_state_value
+    update = value_state_update
 
     # -- columnar twins: a column of keys instead of set_current_key per record
 

@@ -1,0 +1,184 @@
+"""``ValueState.value``/``update`` are compiled (cowmap._core): what they must keep
+doing that a Python method did for free — a failing or re-entrant time
+provider, mutable defaults, expired values, the cleanup counter, reference
+counts."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from cowmap.state import (
+    KeyedStateBackend,
+    StateTtlConfig,
+    StateVisibility,
+    UpdateType,
+    ValueState,
+    ValueStateDescriptor,
+)
+
+
+class Boom(Exception):
+    pass
+
+
+def _ttl(ms: int = 100, **kw: Any) -> StateTtlConfig:
+    b = StateTtlConfig.new_builder(timedelta(milliseconds=ms))
+    if kw.get("on_read"):
+        b = b.set_update_type(UpdateType.OnReadAndWrite)
+    if kw.get("return_expired"):
+        b = b.set_state_visibility(StateVisibility.ReturnExpiredIfNotCleanedUp)
+    if kw.get("cleanup"):
+        b = b.cleanup_incrementally(kw["cleanup"], False)
+    return b.build()
+
+
+def _state(ttl: StateTtlConfig | None = None, default: Any = None, provider: Any = None) -> tuple[Any, ValueState]:
+    backend = KeyedStateBackend(128, time_provider=provider) if provider else KeyedStateBackend(128)
+    d = ValueStateDescriptor("v", default_value=default)
+    if ttl is not None:
+        d.enable_time_to_live(ttl)
+    return backend, backend.get_state(d)
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_no_current_key_is_a_runtime_error(ttl: bool) -> None:
+    _, s = _state(_ttl() if ttl else None)
+    with pytest.raises(RuntimeError, match="no current key"):
+        s.value()
+    with pytest.raises(RuntimeError, match="no current key"):
+        s.update(1)
+
+
+def test_a_failing_time_provider_fails_the_access_and_changes_nothing() -> None:
+    now = [1_000]
+    fail = [False]
+
+    def clock() -> int:
+        if fail[0]:
+            raise Boom("clock")
+        return now[0]
+
+    backend, s = _state(_ttl(), provider=clock)
+    backend.set_current_key("k")
+    s.update(1)
+    fail[0] = True
+    with pytest.raises(Boom):
+        s.update(2)
+    with pytest.raises(Boom):
+        s.value()
+    fail[0] = False
+    assert s.value() == 1
+
+
+def test_a_time_provider_returning_no_int_is_a_type_error() -> None:
+    now: list[Any] = [1_000]
+    backend, s = _state(_ttl(), provider=lambda: now[0])
+    backend.set_current_key("k")
+    now[0] = 1.5
+    with pytest.raises(TypeError, match="int milliseconds"):
+        s.update(1)
+    with pytest.raises(TypeError, match="int milliseconds"):
+        s.value()
+
+
+def test_a_time_provider_that_switches_the_key_writes_the_key_of_the_call() -> None:
+    """The key is the one current when the call starts, as the Python method read it."""
+    holder: list[Any] = []
+
+    def clock() -> int:
+        if holder:
+            holder[0].set_current_key("other")
+        return 1_000
+
+    backend, s = _state(_ttl(), provider=clock)
+    backend.set_current_key("k")
+    holder.append(backend)
+    s.update(7)
+    holder.clear()
+    backend.set_current_key("k")
+    assert s.value() == 7
+    backend.set_current_key("other")
+    assert s.value() is None
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_a_mutable_default_is_a_fresh_copy_per_read(ttl: bool) -> None:
+    backend, s = _state(_ttl() if ttl else None, default=[])
+    backend.set_current_key("k")
+    a = s.value()
+    a.append(1)
+    assert s.value() == []
+    assert s.value() is not s.value()
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_update_none_clears(ttl: bool) -> None:
+    backend, s = _state(_ttl() if ttl else None, default=0)
+    backend.set_current_key("k")
+    s.update(5)
+    s.update(None)
+    assert s.value() == 0
+    assert backend.num_entries() == 0
+
+
+@pytest.mark.parametrize("return_expired", [False, True])
+def test_an_expired_value_is_removed_on_read(return_expired: bool) -> None:
+    now = [1_000]
+    backend, s = _state(_ttl(100, return_expired=return_expired), default="d", provider=lambda: now[0])
+    backend.set_current_key("k")
+    s.update("x")
+    now[0] += 100
+    assert s.value() == ("x" if return_expired else "d")
+    assert backend.num_entries() == 0
+    assert s.value() == "d"
+
+
+@pytest.mark.parametrize("on_read", [False, True])
+def test_a_read_refreshes_the_timestamp_only_on_read_and_write(on_read: bool) -> None:
+    now = [1_000]
+    backend, s = _state(_ttl(100, on_read=on_read), provider=lambda: now[0])
+    backend.set_current_key("k")
+    s.update("x")
+    now[0] += 60
+    assert s.value() == "x"
+    now[0] += 60  # 120 after the write, 60 after the read
+    assert s.value() == ("x" if on_read else None)
+
+
+def test_each_access_takes_one_cleanup_step() -> None:
+    backend, s = _state(_ttl(100, cleanup=5))
+    table = s._t
+    sweeps: list[int] = []
+    table.run_cleanup = lambda: sweeps.append(table.ticks)  # (an instance attribute: what the access calls)
+    backend.set_current_key("k")
+    table.ticks = 3
+    s.update(1)
+    s.value()
+    assert (table.ticks, sweeps) == (1, [])
+    s.value()  # the step that reaches 0 sweeps
+    assert sweeps == [0]
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_no_reference_is_leaked_or_lost(ttl: bool) -> None:
+    backend, s = _state(_ttl(10**9) if ttl else None, default=None)
+    value = object()
+    key = ("a", "key", 1)
+    backend.set_current_key(key)
+    s.update(value)
+    gc.collect()
+    before_v, before_k = sys.getrefcount(value), sys.getrefcount(key)
+    for _ in range(10_000):
+        assert s.value() is value
+        s.update(value)
+    assert sys.getrefcount(value) == before_v
+    assert sys.getrefcount(key) == before_k
+    backend.set_current_key("miss")
+    for _ in range(1_000):
+        assert s.value() is None
+    assert sys.getrefcount(value) == before_v
