@@ -12,6 +12,30 @@ from cowmap._context cimport KeyContext, StateView, TableCore
 cdef object _EXPIRED = EXPIRED
 
 
+cdef int _check_fields(StateView view, TableCore t) except -1:
+    """AttributeError for a field deleted from Python (``del table.ttl``): the
+    fields are writable member descriptors, and a deleted one is NULL, which
+    compiled code must not read."""
+    cdef const char *gone = NULL
+    if <PyObject *>t.maps == NULL:
+        gone = "maps"
+    elif <PyObject *>t.ttl == NULL:
+        gone = "ttl"
+    elif <PyObject *>t.update_on_read == NULL:
+        gone = "update_on_read"
+    elif <PyObject *>t.return_expired == NULL:
+        gone = "return_expired"
+    elif <PyObject *>t.cleanup_size == NULL:
+        gone = "cleanup_size"
+    elif <PyObject *>t.ticks == NULL:
+        gone = "ticks"
+    elif <PyObject *>view._default == NULL:
+        raise AttributeError("the state view's _default was deleted")
+    if gone != NULL:
+        raise AttributeError(f"the state table's {gone.decode()} was deleted")
+    return 0
+
+
 cdef inline object _absent(StateView view):
     """What a read of no value gives: the descriptor's default (a fresh copy of
     a mutable one, as ValueState._default_value makes)."""
@@ -37,6 +61,7 @@ def value_state_value(StateView self):
     cdef TableCore t = <TableCore?>self._t
     cdef CopyOnWriteStateMap cm
     cdef int64_t ttl
+    _check_fields(self, t)
     key = kc.key
     kg = kc.key_group
     if kg is None:
@@ -72,6 +97,7 @@ def value_state_update(StateView self, value):
     if value is None:
         self.clear()
         return
+    _check_fields(self, t)
     key = kc.key
     kg = kc.key_group
     if kg is None:

@@ -182,3 +182,24 @@ def test_no_reference_is_leaked_or_lost(ttl: bool) -> None:
     for _ in range(1_000):
         assert s.value() is None
     assert sys.getrefcount(value) == before_v
+
+
+@pytest.mark.parametrize("field", ["maps", "ttl", "update_on_read", "return_expired", "cleanup_size", "ticks"])
+@pytest.mark.parametrize("ttl", [False, True])
+def test_a_deleted_table_field_is_an_attribute_error_not_a_crash(field: str, ttl: bool) -> None:
+    backend, s = _state(_ttl() if ttl else None)
+    backend.set_current_key("k")
+    s.update(1)
+    delattr(s._t, field)
+    with pytest.raises(AttributeError, match=field):
+        s.value()
+    with pytest.raises(AttributeError, match=field):
+        s.update(2)
+
+
+def test_a_deleted_default_is_an_attribute_error_not_a_crash() -> None:
+    backend, s = _state()
+    backend.set_current_key("k")
+    del s._default
+    with pytest.raises(AttributeError, match="_default"):
+        s.value()
