@@ -303,6 +303,34 @@ def test_async_saves_in_a_row_each_restore_their_moment(tmp_path: Path) -> None:
         assert contents(r) == exp
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_a_save_written_after_a_later_one_keeps_it_unless_its_id_was_chosen(tmp_path: Path, explicit: bool) -> None:
+    """Two ``save_async`` calls in a row may write in either order. Writing the
+    first after the second must not drop the second (it did: a committed
+    checkpoint lost). Only a save under an id the caller chose drops what comes
+    after it, as a retried micro-batch must."""
+    b, v = filled(2_000)
+    storage = CheckpointStorage(tmp_path)
+    keys = np.arange(10, dtype=np.int64)
+    first = storage._begin(b, None, True, 1 if explicit else None)
+    v.update_many(keys, keys + 100)
+    expected_second = contents(b)
+    second = storage._begin(b, None, True, 2 if explicit else None)
+    try:
+        drop = checkpoint_storage._rewrites(2 if explicit else None, True)
+        assert storage._write(b, second[1], second[2], second[0], second[3], None, drop) == 2
+        drop = checkpoint_storage._rewrites(1 if explicit else None, True)
+        assert storage._write(b, first[1], first[2], first[0], first[3], None, drop) == 1
+    finally:
+        first[1].release()
+        second[1].release()
+    assert storage.checkpoints() == ([1] if explicit else [1, 2])
+    if not explicit:
+        r = KeyedStateBackend(max_parallelism=32)
+        storage.restore(r, 2)
+        assert contents(r) == expected_second
+
+
 def test_a_map_value_changed_in_place_after_a_read_is_saved(tmp_path: Path) -> None:
     from cowmap.state import MapStateDescriptor
 

@@ -159,7 +159,7 @@ class CheckpointStorage:
         meta = _check_metadata(metadata)
         cid, snap, pending, parent = self._begin(backend, controller, incremental, checkpoint_id)
         try:
-            return self._write(backend, snap, pending, cid, parent, meta, drop_later)
+            return self._write(backend, snap, pending, cid, parent, meta, _rewrites(checkpoint_id, drop_later))
         finally:
             snap.release()
 
@@ -178,7 +178,9 @@ class CheckpointStorage:
 
         def run() -> None:
             try:
-                future.set_result(self._write(backend, snap, pending, cid, parent, meta, drop_later))
+                future.set_result(
+                    self._write(backend, snap, pending, cid, parent, meta, _rewrites(checkpoint_id, drop_later))
+                )
             except BaseException as e:  # noqa: BLE001 - handed to the caller through result()
                 future.set_exception(e)
             finally:
@@ -351,8 +353,9 @@ class CheckpointStorage:
         return cid
 
     def _drop_from(self, cid: int) -> None:
-        """Before checkpoint ``cid`` is written: drop every later one if ``cid``
-        was written before (uncommitted first, then their data). ``cid`` itself
+        """Before checkpoint ``cid`` is written under an id the caller chose (it
+        may have been written before): drop every later one (uncommitted first,
+        then their data). ``cid`` itself
         stays committed until the new manifest replaces its manifest in one
         rename: a writer killed meanwhile, or a second attempt writing the same
         version at once, leaves a whole checkpoint ``cid`` either way; the old
@@ -541,3 +544,12 @@ def _serializer_for(backend: KeyedStateBackend, meta: dict[str, Any], path: str)
             f"register it with that serializer before restoring (have {serializer_name(ser)!r})"
         )
     return ser
+
+
+def _rewrites(checkpoint_id: int | None, drop_later: bool) -> bool:
+    """Whether a save drops the checkpoints after its id: only under an id the
+    caller chose. A reserved id was above every id in the directory when it
+    was taken, so a later one committed by the time it is written belongs to a
+    save reserved after it (``save_async`` calls in a row, whose writes take
+    the lock in any order) and must stay."""
+    return drop_later and checkpoint_id is not None
