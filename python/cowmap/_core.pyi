@@ -7,8 +7,6 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Self
 
-from cowmap._context import StateView
-
 # the columns a snapshot's entries are read out as (snapshot_columns and its kin)
 _KeyColumn: TypeAlias = npt.NDArray[np.int64] | list[Any]
 _NsColumn: TypeAlias = npt.NDArray[np.int64] | list[Any] | None
@@ -405,8 +403,17 @@ class ColumnReader:
     ]:
         """The columns of ``snapshot_columns`` once every row is read."""
 
-def value_state_value(self: StateView) -> Any:
+def value_state_value(self: Any) -> Any:
     """ValueState.value, compiled."""
 
-def value_state_update(self: StateView, value: Any) -> None:
+def value_state_update(self: Any, value: Any) -> None:
     """ValueState.update, compiled."""
+
+def map_state_get(self: Any, key: Any) -> Any:
+    """MapState.get, compiled."""
+
+def map_state_contains(self: Any, key: Any) -> bool:
+    """MapState.contains, compiled."""
+
+def map_state_put(self: Any, key: Any, value: Any) -> None:
+    """MapState.put, compiled."""

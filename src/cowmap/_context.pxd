@@ -22,6 +22,8 @@ cdef public class StateView [object cm_StateView, type cm_StateViewType]:
     cdef KeyContext _kc          # the backend's key context
     cdef object _ns              # the view's current namespace
     cdef object _default         # what a read of no value gives (the descriptor's default_value)
+    cdef object _c               # MapState: the core namespace of the current key's entries, cached...
+    cdef object _c_key           # ... for this key object (None: nothing cached; no key is None)
 
     cdef int _set_namespace(self, namespace) except -1
 

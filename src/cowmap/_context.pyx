@@ -34,6 +34,8 @@ cdef extern from *:
     Py_ssize_t SV_KC "CM_SV_OFF(_kc)"
     Py_ssize_t SV_NS "CM_SV_OFF(_ns)"
     Py_ssize_t SV_DEFAULT "CM_SV_OFF(_default)"
+    Py_ssize_t SV_C "CM_SV_OFF(_c)"
+    Py_ssize_t SV_C_KEY "CM_SV_OFF(_c_key)"
     Py_ssize_t TC_MAPS "CM_TC_OFF(maps)"
     Py_ssize_t TC_TTL "CM_TC_OFF(ttl)"
     Py_ssize_t TC_UPDATE_ON_READ "CM_TC_OFF(update_on_read)"
@@ -149,7 +151,9 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
 @cython.auto_pickle(False)
 cdef public class StateView [object cm_StateView, type cm_StateViewType]:
     """The compiled base of the state views: their table, the backend's key context
-    and their current namespace (``_t``, ``_kc``, ``_ns``, read-only from Python)."""
+    and their current namespace (``_t``, ``_kc``, ``_ns``, read-only from Python);
+    for the compiled accesses, what a read of no value gives (``_default``) and
+    MapState's core namespace of the current key (``_c`` for the key ``_c_key``)."""
 
     def __init__(self, table, KeyContext kc not None, namespace):
         self._t = table
@@ -177,7 +181,8 @@ for _name, _off in ((b"key", KC_KEY), (b"key_group", KC_KEY_GROUP), (b"clock", K
     cm_expose_member(KeyContext, _name, _off, 0)
 for _name, _off in ((b"_t", SV_T), (b"_kc", SV_KC), (b"_ns", SV_NS)):
     cm_expose_member(StateView, _name, _off, 0)
-cm_expose_member(StateView, b"_default", SV_DEFAULT, 1)
+for _name, _off in ((b"_default", SV_DEFAULT), (b"_c", SV_C), (b"_c_key", SV_C_KEY)):
+    cm_expose_member(StateView, _name, _off, 1)
 
 
 @cython.auto_pickle(False)

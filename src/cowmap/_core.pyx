@@ -766,6 +766,6 @@ include "_columns.pxi"
 include "_userlink.pxi"
 include "_export.pxi"
 
-# ------------------------------------------------------------ ValueState's accesses
+# ------------------------------------------------------------ the per-key accesses of ValueState and MapState
 
-include "_value_access.pxi"
+include "_state_access.pxi"

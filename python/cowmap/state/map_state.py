@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+from cowmap import _core
 from cowmap._core import (
     EXPIRED,
     NO_TIMESTAMP,
@@ -104,16 +105,12 @@ class MapState(AsyncMapMethods, State):
     Not thread-safe: use from the backend's thread.
     """
 
-    # ``_c``: the core namespace (``make_ctx``) of the current key and namespace,
-    # cached for the key object ``_c_key`` it was made for (held, so its identity
-    # cannot be reused meanwhile); ``_c_key`` None: nothing cached (no key is None)
-    __slots__ = ("_c", "_c_key")
+    # ``_c`` (a compiled field of the view): the core namespace (``make_ctx``) of the
+    # current key and namespace, cached for the key object ``_c_key`` it was made for
+    # (held, so its identity cannot be reused meanwhile); ``_c_key`` None: nothing
+    # cached (no key is None)
+    __slots__ = ()
     _t: MapTable
-
-    def __init__(self, table: StateTable) -> None:
-        super().__init__(table)
-        self._c: Any = None
-        self._c_key: Any = None
 
     def set_current_namespace(self, namespace: Any) -> None:
         super().set_current_namespace(namespace)
@@ -136,68 +133,10 @@ class MapState(AsyncMapMethods, State):
             t.cleanup_step()
         return kg
 
-    # -- get, contains and put are the hot paths: written out, one core lookup each
-
-    def _lookup(self, ukey: Any) -> Any:
-        """The value of ``ukey`` after the TTL check (``_ABSENT`` when absent or hidden)."""
-        t = self._t
-        kc = self._kc
-        kg = kc.key_group
-        if kg is None:
-            raise self._no_key()
-        e = t.maps[kg]
-        if e is not None:
-            ctx = self._c if self._c_key is kc.key else self._ctx()
-            e.prefetch(ukey, ctx)  # the bucket's miss overlaps the cleanup step and the clock
-        if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
-            t.ticks -= 1
-            if t.ticks <= 0:
-                t.run_cleanup()
-        if e is None:
-            return _ABSENT
-        if not t.ttl:
-            v = e.get(ukey, ctx)
-        else:
-            v = e.get_unexpired(ukey, ctx, kc.clock, t.ttl, t.update_on_read)
-            if v is EXPIRED:
-                v = e.remove_and_get_old(ukey, ctx)
-                t.users[kg].unlink(ctx, ukey)  # type: ignore[union-attr]
-                if not t.return_expired:
-                    return _ABSENT
-        if v is None:
-            return _ABSENT
-        return None if v is NONE_VALUE else v
-
-    def get(self, key: Any) -> Any:
-        """The value of user key ``key``, or None. O(1)."""
-        v = self._lookup(key)
-        return None if v is _ABSENT else v
-
-    def contains(self, key: Any) -> bool:
-        """Whether user key ``key`` has a (visible) value. O(1)."""
-        return self._lookup(key) is not _ABSENT
-
-    def put(self, key: Any, value: Any) -> None:
-        """Set user key ``key`` to ``value``; a new key goes last in iteration order. O(1)."""
-        t = self._t
-        kc = self._kc
-        kg = kc.key_group
-        if kg is None:
-            raise self._no_key()
-        if key is None:
-            raise TypeError("MapState user keys must not be None")
-        e = t.maps[kg]
-        if e is None:
-            e = t.map_for_write(kg)
-        ctx = self._c if self._c_key is kc.key else self._ctx()
-        e.prefetch(key, ctx)  # the bucket's miss overlaps the cleanup step and the clock
-        if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
-            t.ticks -= 1
-            if t.ticks <= 0:
-                t.run_cleanup()
-        # one lookup, the clock read inside it; a new user key still needs linking
-        if e.put(key, ctx, NONE_VALUE if value is None else value, kc.clock if t.ttl else NO_TIMESTAMP):
-            t.users[kg].link(ctx, key)  # type: ignore[union-attr]
+    # compiled (cowmap._core), one core lookup each: get, contains and put are the hot paths
+    get = _core.map_state_get
+    contains = _core.map_state_contains
+    put = _core.map_state_put
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         """``put`` of each ``(user_key, value)``, with one timestamp. O(len(entries))."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from cowmap import _core
 from cowmap._core import (
     COL_LIST,
     EXPIRED,
@@ -14,8 +15,6 @@ from cowmap._core import (
     column_remove,
     multi_get,
     multi_put,
-    value_state_update,
-    value_state_value,
 )
 from cowmap._requests import positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncValueMethods
@@ -51,8 +50,8 @@ class ValueState(AsyncValueMethods, State):
         return self._t.copy_value(self._default) if self._fresh_default else self._default
 
     # compiled (cowmap._core): value() and update() are the hottest per-key path
-    value = value_state_value
-    update = value_state_update
+    value = _core.value_state_value
+    update = _core.value_state_update
 
     # -- columnar twins: a column of keys instead of set_current_key per record
 

@@ -1,11 +1,13 @@
-"""``ValueState.value``/``update`` are compiled (cowmap._core): what they must keep
-doing that a Python method did for free — a failing or re-entrant time
-provider, mutable defaults, expired values, the cleanup counter, reference
-counts."""
+"""``ValueState.value``/``update`` and ``MapState.get``/``contains``/``put`` are
+compiled (cowmap._core): what they must keep doing that a Python method did for
+free — a failing or re-entrant time provider, mutable defaults, None values,
+namespaces, expired values, the cleanup counter, re-entrant user keys, deleted
+fields, reference counts."""
 
 from __future__ import annotations
 
 import gc
+import subprocess
 import sys
 from datetime import timedelta
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 
 from cowmap.state import (
     KeyedStateBackend,
+    MapStateDescriptor,
     StateTtlConfig,
     StateVisibility,
     UpdateType,
@@ -203,3 +206,173 @@ def test_a_deleted_default_is_an_attribute_error_not_a_crash() -> None:
     del s._default
     with pytest.raises(AttributeError, match="_default"):
         s.value()
+
+
+
+# --------------------------------------------------------------------------- MapState
+
+
+def _map(ttl: StateTtlConfig | None = None, provider: Any = None) -> tuple[Any, Any]:
+    backend = KeyedStateBackend(128, time_provider=provider) if provider else KeyedStateBackend(128)
+    d = MapStateDescriptor("m")
+    if ttl is not None:
+        d.enable_time_to_live(ttl)
+    return backend, backend.get_map_state(d)
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_map_no_current_key_is_a_runtime_error(ttl: bool) -> None:
+    _, m = _map(_ttl() if ttl else None)
+    for call in (lambda: m.get("u"), lambda: m.contains("u"), lambda: m.put("u", 1)):
+        with pytest.raises(RuntimeError, match="no current key"):
+            call()
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_map_none_values_and_none_user_keys(ttl: bool) -> None:
+    backend, m = _map(_ttl(10**9) if ttl else None)
+    backend.set_current_key("k")
+    m.put("u", None)
+    assert m.contains("u") and m.get("u") is None
+    assert m.items() == [("u", None)]
+    with pytest.raises(TypeError, match="must not be None"):
+        m.put(None, 1)
+    assert not m.contains("absent") and m.get("absent") is None
+    with pytest.raises(TypeError):
+        m.get([])  # unhashable
+
+
+def test_map_namespaces_and_key_switches_use_their_own_entries() -> None:
+    backend, m = _map(_ttl(10**9))
+    for key in ("a", "b", 7, (1, "x")):
+        backend.set_current_key(key)
+        for ns in ("n1", "n2"):
+            m.set_current_namespace(ns)
+            m.put("u", (key, ns))
+    for key in ("a", "b", 7, (1, "x")):
+        backend.set_current_key(key)
+        for ns in ("n1", "n2"):
+            m.set_current_namespace(ns)
+            assert m.get("u") == (key, ns)
+            assert m.items() == [("u", (key, ns))]
+    backend.set_current_key(7)
+    m.set_current_namespace("n3")
+    assert not m.contains("u")
+
+
+def test_map_equal_key_objects_read_the_same_entries() -> None:
+    backend, m = _map()
+    big = 10**20
+    backend.set_current_key(big)
+    m.put("u", 1)
+    backend.set_current_key(int(str(big)))  # equal, another object: the cached namespace is not reused blindly
+    assert m.get("u") == 1
+    m.put("v", 2)
+    assert m.items() == [("u", 1), ("v", 2)]
+
+
+@pytest.mark.parametrize("return_expired", [False, True])
+def test_map_an_expired_entry_found_by_a_read_is_removed_and_unlinked(return_expired: bool) -> None:
+    now = [1_000]
+    backend, m = _map(_ttl(100, return_expired=return_expired), provider=lambda: now[0])
+    backend.set_current_key("k")
+    m.put("old", 1)
+    now[0] += 60
+    m.put("new", 2)
+    now[0] += 60
+    assert m.get("old") == (1 if return_expired else None)
+    assert m.items() == [("new", 2)]
+    m.put("old", 3)  # a new user key again: linked last
+    assert m.items() == [("new", 2), ("old", 3)]
+    m._t._check()
+
+
+def test_map_a_failing_time_provider_changes_nothing() -> None:
+    now = [1_000]
+    fail = [False]
+
+    def clock() -> int:
+        if fail[0]:
+            raise Boom("clock")
+        return now[0]
+
+    backend, m = _map(_ttl(), provider=clock)
+    backend.set_current_key("k")
+    m.put("u", 1)
+    fail[0] = True
+    for call in (lambda: m.put("v", 2), lambda: m.put("u", 2), lambda: m.get("u")):
+        with pytest.raises(Boom):
+            call()
+    fail[0] = False
+    assert m.items() == [("u", 1)]
+    m._t._check()
+
+
+class _ReentrantKey:
+    """A user key whose hash calls back into the state."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def __hash__(self) -> int:
+        self.state.get("other")
+        return 1
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_map_a_user_key_calling_back_into_the_state_is_refused(ttl: bool) -> None:
+    backend, m = _map(_ttl(10**9) if ttl else None)
+    backend.set_current_key("k")
+    m.put("other", 0)
+    bad = _ReentrantKey(m)
+    with pytest.raises(RuntimeError):
+        m.put(bad, 1)
+    with pytest.raises(RuntimeError):
+        m.get(bad)
+    assert m.items() == [("other", 0)]
+    m._t._check()
+
+
+@pytest.mark.parametrize("field", ["_c", "_c_key"])
+def test_map_a_deleted_view_field_is_an_attribute_error_not_a_crash(field: str) -> None:
+    backend, m = _map()
+    backend.set_current_key("k")
+    m.put("u", 1)
+    delattr(m, field)
+    with pytest.raises(AttributeError, match=field):
+        m.get("u")
+    with pytest.raises(AttributeError, match=field):
+        m.put("u", 2)
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_map_no_reference_is_leaked_or_lost(ttl: bool) -> None:
+    backend, m = _map(_ttl(10**9) if ttl else None)
+    value, ukey, key = object(), ("user", 1), ("a", "key")
+    backend.set_current_key(key)
+    m.put(ukey, value)
+    gc.collect()
+    before = [sys.getrefcount(o) for o in (value, ukey, key)]
+    for _ in range(10_000):
+        assert m.get(ukey) is value
+        assert m.contains(ukey)
+        m.put(ukey, value)
+    assert [sys.getrefcount(o) for o in (value, ukey, key)] == before
+
+
+def test_map_markers_are_read_even_when_python_made_the_namespace_first() -> None:
+    """The compiled accesses learn cowmap.state's markers at their first use; a
+    namespace cached by the Python side before that must not skip it."""
+    code = (
+        "from cowmap.state import KeyedStateBackend, MapStateDescriptor\n"
+        "b = KeyedStateBackend(8)\n"
+        "m = b.get_map_state(MapStateDescriptor('m'))\n"
+        "b.set_current_key('k')\n"
+        "m.put_all({'u': None})\n"  # Python: caches the namespace, stores None as the marker
+        "assert m.get('u') is None and m.contains('u'), (m.get('u'), m.contains('u'))\n"
+        "assert m.items() == [('u', None)]\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

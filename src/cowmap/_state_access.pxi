@@ -1,0 +1,233 @@
+# The per-key accesses a keyed function makes on every record, compiled:
+# ValueState's value() and update(), MapState's get(), contains() and put().
+# Written in Python they cost two to three times the map call they make (the
+# view's and the table's fields, the TTL cleanup counter, the time provider and
+# the call itself, each read by the interpreter). Here they read the fields by
+# name (StateView, TableCore) and call the maps' C functions.
+# cowmap/state/value_state.py and map_state.py bind them as the classes'
+# methods. Included by _core.pyx.
+
+from cowmap._context cimport KeyContext, StateView, TableCore
+
+
+cdef object _EXPIRED = EXPIRED
+
+
+cdef int _check_fields(StateView view, TableCore t) except -1:
+    """AttributeError for a field deleted from Python (``del table.ttl``): the
+    fields are writable member descriptors, and a deleted one is NULL, which
+    compiled code must not read."""
+    cdef const char *gone = NULL
+    if <PyObject *>t.maps == NULL:
+        gone = "maps"
+    elif <PyObject *>t.ttl == NULL:
+        gone = "ttl"
+    elif <PyObject *>t.update_on_read == NULL:
+        gone = "update_on_read"
+    elif <PyObject *>t.return_expired == NULL:
+        gone = "return_expired"
+    elif <PyObject *>t.cleanup_size == NULL:
+        gone = "cleanup_size"
+    elif <PyObject *>t.ticks == NULL:
+        gone = "ticks"
+    elif <PyObject *>view._default == NULL or <PyObject *>view._c == NULL or <PyObject *>view._c_key == NULL:
+        raise AttributeError("a field of the state view (_default, _c, _c_key) was deleted")
+    if gone != NULL:
+        raise AttributeError(f"the state table's {gone.decode()} was deleted")
+    return 0
+
+
+cdef inline object _absent(StateView view):
+    """What a read of no value gives: the descriptor's default (a fresh copy of
+    a mutable one, as ValueState._default_value makes)."""
+    if view._default is None:
+        return None
+    return view._default_value()
+
+
+cdef inline int _cleanup_tick(TableCore t) except -1:
+    """One access's incremental cleanup step (StateTable.cleanup_step)."""
+    if t.cleanup_size:
+        ticks = t.ticks - 1
+        t.ticks = ticks
+        if ticks <= 0:
+            t.run_cleanup()
+    return 0
+
+
+def value_state_value(StateView self):
+    """The current key's value in the current namespace; the descriptor's
+    ``default_value`` when there is none or it expired. O(1)."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    cdef CopyOnWriteStateMap cm
+    cdef int64_t ttl
+    _check_fields(self, t)
+    key = kc.key
+    kg = kc.key_group
+    if kg is None:
+        raise self._no_key()
+    m = (<list?>t.maps)[<Py_ssize_t>kg]
+    ns = self._ns
+    ttl = t.ttl
+    if ttl == 0:
+        if m is None:
+            return _absent(self)
+        v = cm_get(&(<CopyOnWriteStateMap?>m).m, key, ns)
+        return _absent(self) if v is None else v
+    _cleanup_tick(t)
+    if m is None:
+        return _absent(self)
+    cm = <CopyOnWriteStateMap?>m
+    v = cm_get_unexpired(&cm.m, key, ns, _as_time_for(&cm.m, key, ns, kc.clock, "now"), ttl,
+                         1 if t.update_on_read else 0, _EXPIRED)
+    if v is None:
+        return _absent(self)
+    if v is _EXPIRED:
+        v = cm_remove_and_get_old(&cm.m, key, ns)
+        return v if t.return_expired else _absent(self)
+    return v
+
+
+def value_state_update(StateView self, value):
+    """Set the current key's value (and, with TTL, its timestamp); None clears it. O(1)."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    cdef CopyOnWriteStateMap cm
+    cdef int64_t ttl
+    if value is None:
+        self.clear()
+        return
+    _check_fields(self, t)
+    key = kc.key
+    kg = kc.key_group
+    if kg is None:
+        raise self._no_key()
+    m = (<list?>t.maps)[<Py_ssize_t>kg]
+    if m is None:
+        m = t.map_for_write(kg)
+    cm = <CopyOnWriteStateMap?>m
+    ns = self._ns
+    ttl = t.ttl
+    if ttl == 0:
+        cm_put(&cm.m, key, ns, value, CM_NO_TS)
+        return
+    _cleanup_tick(t)
+    cm_put(&cm.m, key, ns, value, _as_time_for(&cm.m, key, ns, kc.clock))
+
+
+# ------------------------------------------------------------ MapState
+
+# cowmap.state's markers, read at the first MapState access (cowmap.state imports this module)
+cdef object _VOID = None        # VOID_NAMESPACE
+cdef object _NONE_VALUE = None  # what a user map stores for a None value
+cdef object _NS_MARKER = None   # the last item of a namespaced core namespace
+cdef object _MAP_ABSENT = object()
+
+
+cdef int _map_markers() except -1:
+    global _VOID, _NONE_VALUE, _NS_MARKER
+    from cowmap.state.user_map import NONE_VALUE, NS_MARKER, VOID_NAMESPACE
+    _NONE_VALUE = NONE_VALUE
+    _NS_MARKER = NS_MARKER
+    _VOID = VOID_NAMESPACE
+    return 0
+
+
+cdef inline object _map_ctx(StateView view, object key):
+    """The core namespace of ``key``'s user entries in the view's namespace
+    (user_map.make_ctx), cached on the view for the key object."""
+    if view._c_key is key:
+        return view._c
+    if _VOID is None:
+        _map_markers()
+    ns = view._ns
+    c = key if ns is _VOID else (key, ns, _NS_MARKER)
+    view._c = c
+    view._c_key = key
+    return c
+
+
+cdef inline void _map_prefetch(FlatStateMap e, object ukey, object ctx) noexcept:
+    """Start the miss on the user entry's slot: it overlaps the cleanup step and the clock."""
+    cdef uint32_t h
+    if cm_hint_composite(<PyObject *>ukey, <PyObject *>ctx, &h):
+        fm_prefetch(&e.m, h)
+
+
+cdef object _map_lookup(StateView self, object ukey):
+    """The value of the current key's user key ``ukey`` after the TTL check
+    (``_MAP_ABSENT`` when absent or hidden); an expired entry found is removed."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    cdef FlatStateMap e = None
+    _check_fields(self, t)
+    key = kc.key
+    kg = kc.key_group
+    if kg is None:
+        raise self._no_key()
+    m = (<list?>t.maps)[<Py_ssize_t>kg]
+    ctx = None
+    if m is not None:
+        e = <FlatStateMap?>m
+        ctx = _map_ctx(self, key)
+        _map_prefetch(e, ukey, ctx)
+    _cleanup_tick(t)
+    if e is None:
+        return _MAP_ABSENT
+    cdef int64_t ttl = t.ttl
+    if ttl == 0:
+        v = fm_get(&e.m, ukey, ctx)
+    else:
+        v = fm_get_unexpired(&e.m, ukey, ctx, _flat_time_for(&e.m, ukey, ctx, kc.clock, "now"), ttl,
+                             1 if t.update_on_read else 0, _EXPIRED)
+        if v is _EXPIRED:
+            v = fm_remove_and_get_old(&e.m, ukey, ctx)
+            t.users[kg].unlink(ctx, ukey)
+            if not t.return_expired:
+                return _MAP_ABSENT
+    if v is None:
+        return _MAP_ABSENT
+    if _VOID is None:
+        _map_markers()
+    return None if v is _NONE_VALUE else v
+
+
+def map_state_get(StateView self, key):
+    """The value of user key ``key``, or None. O(1)."""
+    v = _map_lookup(self, key)
+    return None if v is _MAP_ABSENT else v
+
+
+def map_state_contains(StateView self, key):
+    """Whether user key ``key`` has a (visible) value. O(1)."""
+    return _map_lookup(self, key) is not _MAP_ABSENT
+
+
+def map_state_put(StateView self, key, value):
+    """Set user key ``key`` to ``value``; a new key goes last in iteration order. O(1)."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    cdef FlatStateMap e
+    cdef int64_t ts = CM_NO_TS
+    _check_fields(self, t)
+    k = kc.key
+    kg = kc.key_group
+    if kg is None:
+        raise self._no_key()
+    if key is None:
+        raise TypeError("MapState user keys must not be None")
+    m = (<list?>t.maps)[<Py_ssize_t>kg]
+    if m is None:
+        m = t.map_for_write(kg)
+    e = <FlatStateMap?>m
+    ctx = _map_ctx(self, k)
+    _map_prefetch(e, key, ctx)
+    _cleanup_tick(t)
+    if _VOID is None:
+        _map_markers()
+    if t.ttl:
+        ts = _flat_time_for(&e.m, key, ctx, kc.clock)
+    # one lookup, the clock read inside it; a new user key still needs linking
+    if fm_put(&e.m, key, ctx, _NONE_VALUE if value is None else value, ts) == 1:
+        t.users[kg].link(ctx, key)
