@@ -57,24 +57,29 @@ def test_no_current_key_is_a_runtime_error(ttl: bool) -> None:
         s.update(1)
 
 
-def test_a_failing_time_provider_fails_the_access_and_changes_nothing() -> None:
-    now = [1_000]
-    fail = [False]
+class _FailingClock:
+    """A time provider that raises while ``fail`` is set."""
 
-    def clock() -> int:
-        if fail[0]:
+    def __init__(self) -> None:
+        self.fail = False
+
+    def __call__(self) -> int:
+        if self.fail:
             raise Boom("clock")
-        return now[0]
+        return 1_000
 
+
+def test_a_failing_time_provider_fails_the_access_and_changes_nothing() -> None:
+    clock = _FailingClock()
     backend, s = _state(_ttl(), provider=clock)
     backend.set_current_key("k")
     s.update(1)
-    fail[0] = True
+    clock.fail = True
     with pytest.raises(Boom):
         s.update(2)
     with pytest.raises(Boom):
         s.value()
-    fail[0] = False
+    clock.fail = False
     assert s.value() == 1
 
 
@@ -288,22 +293,15 @@ def test_map_an_expired_entry_found_by_a_read_is_removed_and_unlinked(return_exp
 
 
 def test_map_a_failing_time_provider_changes_nothing() -> None:
-    now = [1_000]
-    fail = [False]
-
-    def clock() -> int:
-        if fail[0]:
-            raise Boom("clock")
-        return now[0]
-
+    clock = _FailingClock()
     backend, m = _map(_ttl(), provider=clock)
     backend.set_current_key("k")
     m.put("u", 1)
-    fail[0] = True
+    clock.fail = True
     for call in (lambda: m.put("v", 2), lambda: m.put("u", 2), lambda: m.get("u")):
         with pytest.raises(Boom):
             call()
-    fail[0] = False
+    clock.fail = False
     assert m.items() == [("u", 1)]
     m._t._check()
 
