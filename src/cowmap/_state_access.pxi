@@ -16,7 +16,10 @@ cdef object _EXPIRED = EXPIRED
 cdef int _check_fields(StateView view, TableCore t) except -1:
     """AttributeError for a field deleted from Python (``del table.ttl``): the
     fields are writable member descriptors, and a deleted one is NULL, which
-    compiled code must not read."""
+    compiled code must not read. Python code can run at every call out (a key's
+    hash, the clock, a cleanup sweep freeing values, another thread then): so
+    an access checks the fields first, reads what it needs into locals before
+    it calls out, and checks again before it reads more after a call out."""
     cdef const char *gone = NULL
     if <PyObject *>t.maps == NULL:
         gone = "maps"
@@ -37,10 +40,10 @@ cdef int _check_fields(StateView view, TableCore t) except -1:
     return 0
 
 
-cdef inline object _absent(StateView view):
-    """What a read of no value gives: the descriptor's default (a fresh copy of
-    a mutable one, as ValueState._default_value makes)."""
-    if view._default is None:
+cdef inline object _absent(StateView view, object default):
+    """What a read of no value gives: the descriptor's default ``default`` (a
+    fresh copy of a mutable one, as ValueState._default_value makes)."""
+    if default is None:
         return None
     return view._default_value()
 
@@ -62,6 +65,8 @@ def value_state_value(StateView self):
     cdef TableCore t = <TableCore?>self._t
     cdef CopyOnWriteStateMap cm
     cdef int64_t ttl
+    cdef int refresh
+    cdef bint return_expired
     _check_fields(self, t)
     key = kc.key
     kg = kc.key_group
@@ -69,23 +74,25 @@ def value_state_value(StateView self):
         raise self._no_key()
     m = (<list?>t.maps)[<Py_ssize_t>kg]
     ns = self._ns
+    default = self._default
     ttl = t.ttl
     if ttl == 0:
         if m is None:
-            return _absent(self)
+            return _absent(self, default)
         v = cm_get(&(<CopyOnWriteStateMap?>m).m, key, ns)
-        return _absent(self) if v is None else v
+        return _absent(self, default) if v is None else v
+    refresh = 1 if t.update_on_read else 0
+    return_expired = t.return_expired
     _cleanup_tick(t)
     if m is None:
-        return _absent(self)
+        return _absent(self, default)
     cm = <CopyOnWriteStateMap?>m
-    v = cm_get_unexpired(&cm.m, key, ns, _as_time_for(&cm.m, key, ns, kc.clock, "now"), ttl,
-                         1 if t.update_on_read else 0, _EXPIRED)
+    v = cm_get_unexpired(&cm.m, key, ns, _as_time_for(&cm.m, key, ns, kc.clock, "now"), ttl, refresh, _EXPIRED)
     if v is None:
-        return _absent(self)
+        return _absent(self, default)
     if v is _EXPIRED:
         v = cm_remove_and_get_old(&cm.m, key, ns)
-        return v if t.return_expired else _absent(self)
+        return v if return_expired else _absent(self, default)
     return v
 
 
@@ -106,6 +113,7 @@ def value_state_update(StateView self, value):
     m = (<list?>t.maps)[<Py_ssize_t>kg]
     if m is None:
         m = t.map_for_write(kg)
+        _check_fields(self, t)
     cm = <CopyOnWriteStateMap?>m
     ns = self._ns
     ttl = t.ttl
@@ -167,6 +175,9 @@ cdef object _map_lookup(StateView self, object ukey):
     if kg is None:
         raise self._no_key()
     m = (<list?>t.maps)[<Py_ssize_t>kg]
+    cdef int64_t ttl = t.ttl
+    cdef int refresh = 1 if t.update_on_read else 0
+    cdef bint return_expired = t.return_expired
     ctx = None
     if m is not None:
         e = <FlatStateMap?>m
@@ -175,16 +186,15 @@ cdef object _map_lookup(StateView self, object ukey):
     _cleanup_tick(t)
     if e is None:
         return _MAP_ABSENT
-    cdef int64_t ttl = t.ttl
     if ttl == 0:
         v = fm_get(&e.m, ukey, ctx)
     else:
-        v = fm_get_unexpired(&e.m, ukey, ctx, _flat_time_for(&e.m, ukey, ctx, kc.clock, "now"), ttl,
-                             1 if t.update_on_read else 0, _EXPIRED)
+        v = fm_get_unexpired(&e.m, ukey, ctx, _flat_time_for(&e.m, ukey, ctx, kc.clock, "now"), ttl, refresh,
+                             _EXPIRED)
         if v is _EXPIRED:
             v = fm_remove_and_get_old(&e.m, ukey, ctx)
             t.users[kg].unlink(ctx, ukey)
-            if not t.return_expired:
+            if not return_expired:
                 return _MAP_ABSENT
     if v is None:
         return _MAP_ABSENT
@@ -220,13 +230,15 @@ def map_state_put(StateView self, key, value):
     m = (<list?>t.maps)[<Py_ssize_t>kg]
     if m is None:
         m = t.map_for_write(kg)
+        _check_fields(self, t)
     e = <FlatStateMap?>m
     ctx = _map_ctx(self, k)
     _map_prefetch(e, key, ctx)
+    cdef bint ttl = t.ttl != 0
     _cleanup_tick(t)
     if _VOID is None:
         _map_markers()
-    if t.ttl:
+    if ttl:
         ts = _flat_time_for(&e.m, key, ctx, kc.clock)
     # one lookup, the clock read inside it; a new user key still needs linking
     if fm_put(&e.m, key, ctx, _NONE_VALUE if value is None else value, ts) == 1:

@@ -374,3 +374,32 @@ def test_map_markers_are_read_even_when_python_made_the_namespace_first() -> Non
         "assert m.items() == [('u', None)]\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("kind", ["value", "map"])
+def test_fields_deleted_by_code_run_during_an_access_do_not_crash_it(kind: str) -> None:
+    """The clock is a call out to Python: what it deletes must not be read by the
+    access in progress (read before the call, or checked after it), and the next
+    access reports it."""
+    now = [1_000]
+    victim: list[Any] = []
+
+    def clock() -> int:
+        for obj, name in victim:
+            if hasattr(obj, name):
+                delattr(obj, name)
+        return now[0]
+
+    ttl = _ttl(100, return_expired=True, on_read=True)
+    backend, s = _state(ttl, provider=clock) if kind == "value" else _map(ttl, provider=clock)
+    backend.set_current_key("k")
+    write = s.update if kind == "value" else (lambda v: s.put("u", v))
+    read = s.value if kind == "value" else (lambda: s.get("u"))
+    write("x")
+    now[0] += 200  # expired: the read takes the expired branch after calling the clock
+    victim[:] = [(s._t, "return_expired"), (s._t, "update_on_read"), (s, "_default"), (s, "_c"), (s, "_c_key")]
+    assert read() == "x"  # returned once under ReturnExpiredIfNotCleanedUp, as decided before the call
+    with pytest.raises(AttributeError):
+        read()
+    with pytest.raises(AttributeError):
+        write("y")
