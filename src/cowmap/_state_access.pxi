@@ -126,7 +126,8 @@ def value_state_update(StateView self, value):
 
 # ------------------------------------------------------------ MapState
 
-# cowmap.state's markers, read at the first MapState access (cowmap.state imports this module)
+# cowmap.state's markers, read at the first MapState access (cowmap.state imports this module),
+# before anything else the access does
 cdef object _VOID = None        # VOID_NAMESPACE
 cdef object _NONE_VALUE = None  # what a user map stores for a None value
 cdef object _NS_MARKER = None   # the last item of a namespaced core namespace
@@ -147,8 +148,6 @@ cdef inline object _map_ctx(StateView view, object key):
     (user_map.make_ctx), cached on the view for the key object."""
     if view._c_key is key:
         return view._c
-    if _VOID is None:
-        _map_markers()
     ns = view._ns
     c = key if ns is _VOID else (key, ns, _NS_MARKER)
     view._c = c
@@ -169,6 +168,8 @@ cdef object _map_lookup(StateView self, object ukey):
     cdef KeyContext kc = self._kc
     cdef TableCore t = <TableCore?>self._t
     cdef FlatStateMap e = None
+    if _VOID is None:  # (before the fields are checked: it runs Python code)
+        _map_markers()
     _check_fields(self, t)
     key = kc.key
     kg = kc.key_group
@@ -198,8 +199,6 @@ cdef object _map_lookup(StateView self, object ukey):
                 return _MAP_ABSENT
     if v is None:
         return _MAP_ABSENT
-    if _VOID is None:
-        _map_markers()
     return None if v is _NONE_VALUE else v
 
 
@@ -220,6 +219,8 @@ def map_state_put(StateView self, key, value):
     cdef TableCore t = <TableCore?>self._t
     cdef FlatStateMap e
     cdef int64_t ts = CM_NO_TS
+    if _VOID is None:  # (before the fields are checked: it runs Python code)
+        _map_markers()
     _check_fields(self, t)
     k = kc.key
     kg = kc.key_group
@@ -236,8 +237,6 @@ def map_state_put(StateView self, key, value):
     _map_prefetch(e, key, ctx)
     cdef bint ttl = t.ttl != 0
     _cleanup_tick(t)
-    if _VOID is None:
-        _map_markers()
     if ttl:
         ts = _flat_time_for(&e.m, key, ctx, kc.clock)
     # one lookup, the clock read inside it; a new user key still needs linking
