@@ -417,3 +417,6 @@ def map_state_contains(self: Any, key: Any) -> bool:
 
 def map_state_put(self: Any, key: Any, value: Any) -> None:
     """MapState.put, compiled."""
+
+def map_state_ctx(self: Any) -> Any:
+    """MapState._ctx, compiled."""

@@ -155,6 +155,15 @@ cdef inline object _map_ctx(StateView view, object key):
     return c
 
 
+def map_state_ctx(StateView self):
+    """The core namespace of the current key's user entries in the view's
+    namespace, cached on the view (MapState's calls other than the hot three)."""
+    if _VOID is None:
+        _map_markers()
+    _check_fields(self, <TableCore?>self._t)
+    return _map_ctx(self, self._kc.key)
+
+
 cdef inline void _map_prefetch(FlatStateMap e, object ukey, object ctx) noexcept:
     """Start the miss on the user entry's slot: it overlaps the cleanup step and the clock."""
     cdef uint32_t h

@@ -26,7 +26,7 @@ from cowmap._core import (
 from cowmap._requests import map_contexts, positions, replace_all, request_args, request_columns
 from cowmap.state.async_methods import AsyncMapMethods
 from cowmap.state.table import VOID_NAMESPACE, State, StateTable
-from cowmap.state.user_map import NONE_VALUE, NS_MARKER, KeyGroupUserMap, make_ctx
+from cowmap.state.user_map import NONE_VALUE, NS_MARKER, KeyGroupUserMap
 
 __all__ = ["MapState", "MapTable"]
 
@@ -116,12 +116,8 @@ class MapState(AsyncMapMethods, State):
         super().set_current_namespace(namespace)
         self._c_key = None
 
-    def _ctx(self) -> Any:
-        key = self._kc.key
-        if self._c_key is not key:
-            self._c = make_ctx(key, self._ns)
-            self._c_key = key
-        return self._c
+    # compiled (cowmap._core): the one place the cached core namespace is made
+    _ctx = _core.map_state_ctx
 
     def _kg(self) -> int:
         """The current key group after one access's cleanup step."""

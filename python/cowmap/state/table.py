@@ -160,16 +160,11 @@ class StateTable(TableCore):
         nothing expires stops paying for cleanup (examining an entry is a cache
         miss in a big map), and the first expired entry found restores the rate.
 
-        Call it as ``if t.cleanup_size: t.cleanup_step()``. The four hottest
+        Call it as ``if t.cleanup_size: t.cleanup_step()``. The hottest
         accesses (``MapState`` get/contains and put, ``ValueState`` value and
-        update, with TTL) write the body out instead, always as::
-
-            if t.cleanup_size:  # t.cleanup_step(), inlined: a hot path
-                t.ticks -= 1
-                if t.ticks <= 0:
-                    t.run_cleanup()
-
-        because the method call alone adds 3-8% to such an access. O(1) but
+        update) are compiled and take the same step in C (``_cleanup_tick`` in
+        ``_state_access.pxi``): a method call alone adds 3-8% to such an
+        access. O(1) but
         every ``CLEANUP_BATCH``-th call, which sweeps (see :meth:`run_cleanup`).
         """
         self.ticks -= 1
