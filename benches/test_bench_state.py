@@ -49,6 +49,13 @@ Figures 9 and 10 -- ValueState ``value()`` + ``update()`` per record, 1,000,000 
     run's loop of ``set_current_key(k)`` alone (the state cost proper).
     10: without TTL / a plain dict of the same 1M keys doing ``d[k] = d.get(k, 0) + 1``,
     target <= 2.
+    9 also has the merging kinds doing the same count: a ReducingState (``operator.add``) and an
+    AggregatingState (a count) with TTL, one record = ``set_current_key(k)`` + ``add(1)``,
+    each timed round by round between rounds of the ValueState with TTL (``update(value() +
+    1)``, what a user writes without them). Targets: ReducingState add / value+update <= 1
+    (``operator.add`` runs no Python frame: ``add`` must cost no more than the two calls it
+    replaces); AggregatingState <= 1.2 (its ``AggregateFunction.add`` is a Python method, a
+    call per record the ValueState loop does not make).
 
 Figure 11 -- ``KeyedStateBackend.snapshot()`` start, one ValueState of 1M keys (all 128 key
     groups non-empty). Timed: ``snapshot()`` alone, 20 rounds after 2 warm-up rounds, each
@@ -59,6 +66,7 @@ Figure 11 -- ``KeyedStateBackend.snapshot()`` start, one ValueState of 1M keys (
 from __future__ import annotations
 
 import gc
+import operator
 import time
 from datetime import timedelta
 
@@ -67,8 +75,11 @@ import psutil
 import pytest
 
 from cowmap.state import (
+    AggregateFunction,
+    AggregatingStateDescriptor,
     KeyedStateBackend,
     MapStateDescriptor,
+    ReducingStateDescriptor,
     StateTtlConfig,
     ValueStateDescriptor,
 )
@@ -409,6 +420,68 @@ def test_value_state_set_key_only(benchmark, figures, small, value_plain):
             sck(k)
 
     _measure_value(benchmark, figures, "value.set_key_only", value_plain, loop)
+
+
+class _Count(AggregateFunction):
+    """A count as an AggregateFunction (the accumulator is the int itself)."""
+
+    def create_accumulator(self) -> int:
+        return 0
+
+    def add(self, value: int, acc: int) -> int:
+        return acc + value
+
+    def get_result(self, acc: int) -> int:
+        return acc
+
+    def merge(self, a: int, b: int) -> int:
+        return a + b
+
+
+def _merging_state(kind: str, small) -> tuple[KeyedStateBackend, object, Clock]:
+    """A backend with one TTL state of ``kind`` counting every key of ``small`` once."""
+    clock = Clock()
+    backend = KeyedStateBackend(time_provider=clock)
+    if kind == "reducing":
+        rd = ReducingStateDescriptor("r", operator.add)
+        rd.enable_time_to_live(_ttl())
+        state = backend.get_reducing_state(rd)
+    else:
+        ad = AggregatingStateDescriptor("a", _Count())
+        ad.enable_time_to_live(_ttl())
+        state = backend.get_aggregating_state(ad)
+    sck, add = backend.set_current_key, state.add
+    for k in small.keys_list:
+        sck(k)
+        add(1)
+    assert backend.num_entries() == small.n
+    return backend, state, clock
+
+
+@pytest.mark.benchmark(group=VALUE_GROUP)
+@pytest.mark.parametrize("kind", ["reducing", "aggregating"])
+def test_merging_state_ttl_add(benchmark, figures, small, value_ttl, kind):
+    """Figure 9's merging rows: ``add(1)`` against the ValueState read-modify-write, interleaved."""
+    records = _records(small)
+    backend, state, clock = _merging_state(kind, small)
+    other = Interleaved(_value_loop(value_ttl, records), before=value_ttl.clock.tick)
+
+    def loop(records=records, sck=backend.set_current_key, add=state.add):
+        for k in records:
+            sck(k)
+            add(1)
+
+    def setup(clock=clock, other=other):
+        clock.tick()
+        other()
+
+    benchmark.pedantic(loop, setup=setup, rounds=ROUNDS, warmup_rounds=1, iterations=1)
+    figures.record_median(f"{kind}.ttl", benchmark, VALUE_RECORDS)
+    figures.record(f"{kind}.ttl.value", other.median() * 1e9 / VALUE_RECORDS)
+    backend.set_current_key(records[0])
+    assert state.get() == 1 + ROUNDS + 1  # every round added 1
+    del backend, state, loop
+    _collect()
 
 
 @pytest.mark.benchmark(group=VALUE_GROUP)

@@ -420,3 +420,21 @@ def map_state_put(self: Any, key: Any, value: Any) -> None:
 
 def map_state_ctx(self: Any) -> Any:
     """MapState._ctx, compiled."""
+
+def reducing_state_get(self: Any) -> Any:
+    """ReducingState.get, compiled."""
+
+def reducing_state_add(self: Any, value: Any) -> None:
+    """ReducingState.add, compiled."""
+
+def aggregating_state_get(self: Any) -> Any:
+    """AggregatingState.get, compiled."""
+
+def aggregating_state_add(self: Any, value: Any) -> None:
+    """AggregatingState.add, compiled."""
+
+def list_state_add(self: Any, value: Any) -> None:
+    """ListState.add, compiled."""
+
+def list_state_get(self: Any) -> list[Any]:
+    """ListState.get, compiled."""

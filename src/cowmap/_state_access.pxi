@@ -1,11 +1,13 @@
 # The per-key accesses a keyed function makes on every record, compiled:
-# ValueState's value() and update(), MapState's get(), contains() and put().
+# ValueState's value() and update(), ReducingState's and AggregatingState's
+# get() and add(), ListState's get() and add(), MapState's get(), contains()
+# and put().
 # Written in Python they cost two to three times the map call they make (the
 # view's and the table's fields, the TTL cleanup counter, the time provider and
 # the call itself, each read by the interpreter). Here they read the fields by
 # name (StateView, TableCore) and call the maps' C functions.
-# cowmap/state/value_state.py and map_state.py bind them as the classes'
-# methods. Included by _core.pyx.
+# The state classes (cowmap/state/*_state.py) bind them as their methods.
+# Included by _core.pyx.
 
 from cowmap._context cimport KeyContext, StateView, TableCore
 
@@ -58,70 +60,251 @@ cdef inline int _cleanup_tick(TableCore t) except -1:
     return 0
 
 
-def value_state_value(StateView self):
-    """The current key's value in the current namespace; the descriptor's
-    ``default_value`` when there is none or it expired. O(1)."""
-    cdef KeyContext kc = self._kc
-    cdef TableCore t = <TableCore?>self._t
+cdef object _NO_STATE = object()  # what _stored and _usable give when there is nothing to use
+
+
+cdef object _stored(StateView self, TableCore t, KeyContext kc):
+    """Flink's ``getWithTtlCheckAndUpdate`` for the current key and namespace:
+    the stored state after the TTL check (an expired one is removed, and
+    returned only under ``ReturnExpiredIfNotCleanedUp``; a live one is
+    refreshed under ``OnReadAndWrite``), else ``_NO_STATE``. One access's
+    cleanup step. The caller has checked the fields."""
     cdef CopyOnWriteStateMap cm
     cdef int64_t ttl
     cdef int refresh
     cdef bint return_expired
-    _check_fields(self, t)
     key = kc.key
     kg = kc.key_group
     if kg is None:
         raise self._no_key()
     m = (<list?>t.maps)[<Py_ssize_t>kg]
     ns = self._ns
-    default = self._default
     ttl = t.ttl
     if ttl == 0:
         if m is None:
-            return _absent(self, default)
+            return _NO_STATE
         v = cm_get(&(<CopyOnWriteStateMap?>m).m, key, ns)
-        return _absent(self, default) if v is None else v
+        return _NO_STATE if v is None else v
     refresh = 1 if t.update_on_read else 0
     return_expired = t.return_expired
     _cleanup_tick(t)
     if m is None:
-        return _absent(self, default)
+        return _NO_STATE
     cm = <CopyOnWriteStateMap?>m
     v = cm_get_unexpired(&cm.m, key, ns, _as_time_for(&cm.m, key, ns, kc.clock, "now"), ttl, refresh, _EXPIRED)
-    if v is None:
-        return _absent(self, default)
     if v is _EXPIRED:
         v = cm_remove_and_get_old(&cm.m, key, ns)
-        return v if return_expired else _absent(self, default)
-    return v
+        if not return_expired:
+            return _NO_STATE
+    return _NO_STATE if v is None else v
+
+
+cdef CopyOnWriteStateMap _map_for_write(StateView self, TableCore t, KeyContext kc):
+    """The current key group's map after one access's cleanup step, made if
+    there is none (``State._map(True)``); the fields checked again after."""
+    kg = kc.key_group
+    if kg is None:
+        raise self._no_key()
+    m = (<list?>t.maps)[<Py_ssize_t>kg]
+    _cleanup_tick(t)
+    if m is None:
+        m = t.map_for_write(kg)
+    _check_fields(self, t)
+    return <CopyOnWriteStateMap?>m
+
+
+cdef object _usable(CopyOnWriteStateMap cm, KeyContext kc, object key, object ns, int64_t ttl,
+                    bint return_expired):
+    """Flink's ``getUnexpired``: the stored state for a write (copied if a
+    snapshot shares it), else ``_NO_STATE``; an expired one is left in place
+    (and still used under ``ReturnExpiredIfNotCleanedUp``), nothing refreshed."""
+    if ttl == 0 or return_expired:
+        v = cm_get(&cm.m, key, ns)
+    else:
+        v = cm_get_unexpired(&cm.m, key, ns, _as_time_for(&cm.m, key, ns, kc.clock, "now"), ttl, 0, _EXPIRED)
+        if v is _EXPIRED:
+            return _NO_STATE
+    return _NO_STATE if v is None else v
+
+
+cdef inline int64_t _write_ts(CopyOnWriteStateMap cm, KeyContext kc, object key, object ns, int64_t ttl) except? -1:
+    """A write's timestamp: with TTL the clock's time, read last (after the state's function, if any)."""
+    return _as_time_for(&cm.m, key, ns, kc.clock) if ttl else CM_NO_TS
+
+
+def value_state_value(StateView self):
+    """The current key's value in the current namespace; the descriptor's
+    ``default_value`` when there is none or it expired. O(1)."""
+    cdef TableCore t = <TableCore?>self._t
+    _check_fields(self, t)
+    default = self._default
+    v = _stored(self, t, self._kc)
+    return _absent(self, default) if v is _NO_STATE else v
 
 
 def value_state_update(StateView self, value):
     """Set the current key's value (and, with TTL, its timestamp); None clears it. O(1)."""
     cdef KeyContext kc = self._kc
     cdef TableCore t = <TableCore?>self._t
-    cdef CopyOnWriteStateMap cm
-    cdef int64_t ttl
     if value is None:
         self.clear()
         return
+    _check_fields(self, t)
+    key = kc.key
+    ns = self._ns
+    cdef CopyOnWriteStateMap cm = _map_for_write(self, t, kc)
+    cm_put(&cm.m, key, ns, value, _write_ts(cm, kc, key, ns, t.ttl))
+
+
+# ------------------------------------------------------------ ReducingState, AggregatingState, ListState
+
+def reducing_state_get(StateView self):
+    """The reduced value of the current key, or None. O(1)."""
+    cdef TableCore t = <TableCore?>self._t
+    _check_fields(self, t)
+    v = _stored(self, t, self._kc)
+    return None if v is _NO_STATE else v
+
+
+def reducing_state_add(StateView self, value):
+    """Reduce ``value`` (not None) into the current key's value with the
+    descriptor's ``reduce_function`` (the value itself when there is none). The
+    result goes to the key current when ``add`` was called, whatever the
+    function does. O(1) plus the function."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    if value is None:
+        raise ValueError("cannot add None to a ReducingState")
+    _check_fields(self, t)
+    key = kc.key
+    ns = self._ns
+    cdef CopyOnWriteStateMap cm = _map_for_write(self, t, kc)
+    cdef int64_t ttl = t.ttl
+    cdef bint return_expired = t.return_expired
+    prev = _usable(cm, kc, key, ns, ttl, return_expired)
+    acc = value if prev is _NO_STATE else t.descriptor.reduce_function(prev, value)
+    cm_put(&cm.m, key, ns, acc, _write_ts(cm, kc, key, ns, ttl))
+
+
+def aggregating_state_get(StateView self):
+    """``get_result`` of the current key's accumulator, or None. O(1) plus the function."""
+    cdef TableCore t = <TableCore?>self._t
+    _check_fields(self, t)
+    acc = _stored(self, t, self._kc)
+    if acc is _NO_STATE:
+        return None
+    return t.descriptor.aggregate_function.get_result(acc)
+
+
+def aggregating_state_add(StateView self, value):
+    """Add ``value`` to the current key's accumulator with the
+    ``AggregateFunction`` (a new accumulator when there is none). The result
+    goes to the key current when ``add`` was called, whatever the function
+    does. O(1) plus the function."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    _check_fields(self, t)
+    key = kc.key
+    ns = self._ns
+    cdef CopyOnWriteStateMap cm = _map_for_write(self, t, kc)
+    cdef int64_t ttl = t.ttl
+    cdef bint return_expired = t.return_expired
+    fn = t.descriptor.aggregate_function
+    acc = _usable(cm, kc, key, ns, ttl, return_expired)
+    if acc is _NO_STATE:
+        acc = fn.create_accumulator()
+    acc = fn.add(value, acc)
+    cm_put(&cm.m, key, ns, acc, _write_ts(cm, kc, key, ns, ttl))
+
+
+def list_state_get(StateView self):
+    """The current key's elements, oldest first (a new list; ``[]`` when there
+    are none). With TTL each element has its own timestamp: a partly expired
+    list keeps its expired elements (visible under
+    ``ReturnExpiredIfNotCleanedUp``) unless ``OnReadAndWrite`` rewrites it with
+    the live ones, freshly stamped; a wholly expired one is removed. O(elements)."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    cdef CopyOnWriteStateMap cm
+    cdef int64_t now
+    cdef Py_ssize_t i, n
+    cdef bint live, all_live = True, any_live = False
     _check_fields(self, t)
     key = kc.key
     kg = kc.key_group
     if kg is None:
         raise self._no_key()
     m = (<list?>t.maps)[<Py_ssize_t>kg]
-    if m is None:
-        m = t.map_for_write(kg)
-        _check_fields(self, t)
-    cm = <CopyOnWriteStateMap?>m
     ns = self._ns
-    ttl = t.ttl
-    if ttl == 0:
-        cm_put(&cm.m, key, ns, value, CM_NO_TS)
-        return
+    cdef int64_t ttl = t.ttl
+    cdef bint on_read = t.update_on_read
+    cdef bint return_expired = t.return_expired
     _cleanup_tick(t)
-    cm_put(&cm.m, key, ns, value, _as_time_for(&cm.m, key, ns, kc.clock))
+    if m is None:
+        return []
+    cm = <CopyOnWriteStateMap?>m
+    lst = cm_get(&cm.m, key, ns)  # a private copy if a snapshot shares it: it may be rewritten below
+    if lst is None:
+        return []
+    if ttl == 0:
+        return list(lst)
+    now = _as_time_for(&cm.m, key, ns, kc.clock, "now")
+    flat = <list?>lst  # [v0, ts0, v1, ts1, ...]
+    n = len(flat) - len(flat) % 2
+    for i in range(1, n, 2):
+        if cm_expired(flat[i], ttl, now):
+            all_live = False
+        else:
+            any_live = True
+    values = flat[0:n:2]
+    if all_live:
+        if on_read:
+            stamp = now
+            for i in range(1, n, 2):
+                flat[i] = stamp
+            cm_set_timestamp(&cm.m, key, ns, now)
+        return values
+    if not any_live:
+        cm_remove(&cm.m, key, ns)
+        return values if return_expired else []
+    if return_expired and not on_read:
+        return values
+    kept = []  # the live elements
+    for i in range(0, n, 2):
+        if not cm_expired(flat[i + 1], ttl, now):
+            kept.append(flat[i])
+    if on_read:  # Flink rewrites the live elements with fresh timestamps
+        stamp = now
+        cm_put(&cm.m, key, ns, [x for v in kept for x in (v, stamp)], now)
+    return values if return_expired else kept
+
+
+def list_state_add(StateView self, value):
+    """Append ``value`` (not None) to the current key's list. O(1) amortised."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    cdef int64_t now
+    if value is None:
+        raise ValueError("a ListState cannot hold None")
+    _check_fields(self, t)
+    key = kc.key
+    ns = self._ns
+    cdef CopyOnWriteStateMap cm = _map_for_write(self, t, kc)
+    cdef int64_t ttl = t.ttl
+    lst = cm_get(&cm.m, key, ns)  # a private copy if a snapshot shares it
+    if ttl == 0:
+        if lst is None:
+            cm_put(&cm.m, key, ns, [value], CM_NO_TS)
+        else:
+            lst.append(value)
+        return
+    # with TTL the list is flat, [v0, ts0, v1, ts1, ...], the entry's timestamp the newest element's
+    now = _as_time_for(&cm.m, key, ns, kc.clock, "now")
+    if lst is None:
+        cm_put(&cm.m, key, ns, [value, now], now)
+    else:
+        lst.extend((value, now))
+        cm_set_timestamp(&cm.m, key, ns, now)
 
 
 # ------------------------------------------------------------ MapState

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from cowmap import _core
 from cowmap._core import StateMapSnapshot
 from cowmap.state.async_methods import AsyncListMethods
 from cowmap.state.table import State, StateTable
@@ -42,42 +43,11 @@ class ListState(AsyncListMethods, State):
 
     __slots__ = ()
 
-    def get(self) -> list[Any]:
-        """The current key's elements, oldest first (a new list; ``[]`` when there are none)."""
-        t = self._t
-        m = self._map(False)
-        if m is None:
-            return []
-        key, ns = self._kc.key, self._ns
-        lst = m.get(key, ns)
-        if lst is None:
-            return []
-        if not t.ttl:
-            return list(lst)
-        now = self._kc.now()
-        values = lst[0::2]
-        stamps = lst[1::2]
-        if not t.is_expired(min(stamps), now):
-            if t.update_on_read:
-                lst[1::2] = [now] * len(stamps)
-                m.set_timestamp(key, ns, now)
-            return values
-        live = [not t.is_expired(ts, now) for ts in stamps]
-        if not any(live):
-            m.remove(key, ns)
-            return values if t.return_expired else []
-        if t.update_on_read:  # Flink rewrites the live elements with fresh timestamps
-            kept = [x for v, ok in zip(values, live) if ok for x in (v, now)]
-            m.put(key, ns, kept, now)
-        if t.return_expired:
-            return values
-        return [v for v, ok in zip(values, live) if ok]
-
-    def add(self, value: Any) -> None:
-        """Append ``value`` (not None) to the current key's list."""
-        if value is None:
-            raise ValueError("a ListState cannot hold None")
-        self._append([value])
+    # compiled (cowmap._core): get() gives the current key's elements, oldest first
+    # (a new list; [] when there are none)
+    get = _core.list_state_get
+    # compiled (cowmap._core): append a value (not None) to the current key's list
+    add = _core.list_state_add
 
     def add_all(self, values: Iterable[Any]) -> None:
         """Append every element of ``values`` (none of them None) to the current key's list."""

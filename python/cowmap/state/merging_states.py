@@ -13,9 +13,9 @@ import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from cowmap import _core
 from cowmap._core import (
     COL_FLOAT64,
-    EXPIRED,
     FOLD_ADD,
     FOLD_MAX,
     FOLD_MIN,
@@ -47,7 +47,10 @@ def _ufunc_of(fn: Any) -> Any:
 
 
 class _MergingState(AsyncMergingMethods, State):
-    """The shared TTL logic: read with check-and-update, write with a fresh timestamp."""
+    """What the two share: the columnar twins and ``merge_namespaces``. Their
+    ``get`` and ``add`` are compiled (``_state_access.pxi``): a read checks the
+    TTL and updates (Flink's ``getWithTtlCheckAndUpdate``), a write uses the
+    unexpired accumulator (``getUnexpired``) and stamps the result."""
 
     __slots__ = ()
 
@@ -56,44 +59,6 @@ class _MergingState(AsyncMergingMethods, State):
 
     def add(self, value: Any) -> None:
         raise NotImplementedError
-
-    def _read(self, m: CopyOnWriteStateMap | None, ns: Any) -> Any:
-        """Flink's ``getWithTtlCheckAndUpdate``: the accumulator or ``_ABSENT``."""
-        if m is None:
-            return _ABSENT
-        t = self._t
-        key = self._kc.key
-        if not t.ttl:
-            acc = m.get(key, ns)
-            return _ABSENT if acc is None else acc
-        acc = m.get_unexpired(key, ns, self._kc.clock, t.ttl, t.update_on_read)
-        if acc is None:
-            return _ABSENT
-        if acc is EXPIRED:
-            acc = m.remove_and_get_old(key, ns)
-            return acc if t.return_expired else _ABSENT
-        return acc
-
-    def _usable(self, m: CopyOnWriteStateMap, ns: Any) -> Any:
-        """The stored accumulator for a write (Flink's ``getUnexpired``), or ``_ABSENT``."""
-        t = self._t
-        key = self._kc.key
-        if not t.ttl:
-            acc = m.get(key, ns)
-            return _ABSENT if acc is None else acc
-        r = m.get_with_timestamp(key, ns)
-        if r is None:
-            return _ABSENT
-        acc, ts = r
-        if not t.return_expired and t.is_expired(ts, self._kc.now()):
-            return _ABSENT
-        return acc
-
-    def _write(self, m: CopyOnWriteStateMap, ns: Any, acc: Any) -> None:
-        if self._t.ttl:
-            m.put(self._kc.key, ns, acc, self._kc.now())
-        else:
-            m.put(self._kc.key, ns, acc)
 
     # -- columnar twins: a column of keys instead of set_current_key per record
 
@@ -254,21 +219,10 @@ class ReducingState(_MergingState):
 
     __slots__ = ()
 
-    def get(self) -> Any:
-        """The reduced value, or None."""
-        v = self._read(self._map(False), self._ns)
-        return None if v is _ABSENT else v
-
-    def add(self, value: Any) -> None:
-        """Reduce ``value`` (not None) into the current key's value with the descriptor's
-        ``reduce_function`` (the value itself when there is none)."""
-        if value is None:
-            raise ValueError("cannot add None to a ReducingState")
-        m = self._map(True)
-        assert m is not None
-        prev = self._usable(m, self._ns)
-        reduce: Callable[[Any, Any], Any] = self._t.descriptor.reduce_function
-        self._write(m, self._ns, value if prev is _ABSENT else reduce(prev, value))
+    # compiled (cowmap._core): get() gives the reduced value or None; add(value)
+    # reduces a value (not None) in with the descriptor's reduce_function
+    get = _core.reducing_state_get
+    add = _core.reducing_state_add
 
     def _check_values(self, vs: list[Any]) -> None:
         for i, v in enumerate(vs):
@@ -386,23 +340,10 @@ class AggregatingState(_MergingState):
 
     __slots__ = ()
 
-    def get(self) -> Any:
-        """``get_result`` of the accumulator, or None when there is none."""
-        acc = self._read(self._map(False), self._ns)
-        if acc is _ABSENT:
-            return None
-        return self._t.descriptor.aggregate_function.get_result(acc)
-
-    def add(self, value: Any) -> None:
-        """Add ``value`` to the current key's accumulator with the ``AggregateFunction``
-        (a new accumulator when there is none)."""
-        m = self._map(True)
-        assert m is not None
-        fn = self._t.descriptor.aggregate_function
-        acc = self._usable(m, self._ns)
-        if acc is _ABSENT:
-            acc = fn.create_accumulator()
-        self._write(m, self._ns, fn.add(value, acc))
+    # compiled (cowmap._core): get() gives get_result of the accumulator or None;
+    # add(value) adds with the AggregateFunction
+    get = _core.aggregating_state_get
+    add = _core.aggregating_state_add
 
     def _merge_function(self) -> Callable[[Any, Any], Any]:
         return self._t.descriptor.aggregate_function.merge
