@@ -74,6 +74,21 @@ def _aggregating(backend: KeyedStateBackend, fn: Any = None, ttl: StateTtlConfig
     return backend.get_aggregating_state(d)
 
 
+def _summing_with_hook(kind: str, backend: KeyedStateBackend, hook: Any, ttl: StateTtlConfig | None = None) -> Any:
+    """A summing reducing or aggregating state whose function calls ``hook()`` first."""
+
+    def reduce(a: int, b: int) -> int:
+        hook()
+        return a + b
+
+    class Hooked(Sum):
+        def add(self, value: int, acc: list[int]) -> list[int]:
+            hook()
+            return super().add(value, acc)
+
+    return _reducing(backend, reduce, ttl) if kind == "reducing" else _aggregating(backend, Hooked(), ttl)
+
+
 def _list(backend: KeyedStateBackend, ttl: StateTtlConfig | None = None) -> Any:
     d = ListStateDescriptor("l")
     if ttl is not None:
@@ -86,6 +101,16 @@ KINDS = ["reducing", "aggregating", "list"]
 
 def _make(kind: str, backend: KeyedStateBackend, ttl: StateTtlConfig | None = None) -> Any:
     return {"reducing": _reducing, "aggregating": _aggregating, "list": _list}[kind](backend, ttl=ttl)
+
+
+def _clocked(kind: str, **ttl: Any) -> tuple[list[int], KeyedStateBackend, Any]:
+    """A state of ``kind`` with a 100 ms TTL (``_ttl``'s options) on a clock the
+    test moves (``now[0]``), key ``"k"`` current."""
+    now = [1_000]
+    backend = _backend(lambda: now[0])
+    s = _make(kind, backend, _ttl(100, **ttl))
+    backend.set_current_key("k")
+    return now, backend, s
 
 
 def _read(kind: str, s: Any) -> Any:
@@ -138,19 +163,12 @@ def test_adds_accumulate_per_key_and_namespace(kind: str, ttl: bool) -> None:
 def test_a_function_switching_the_key_leaves_the_result_with_the_key_of_the_call(kind: str, ttl: bool) -> None:
     holder: list[Any] = []
 
-    def reduce(a: int, b: int) -> int:
-        for backend in holder:
-            backend.set_current_key("other")
-        return a + b
-
-    class Switching(Sum):
-        def add(self, value: int, acc: list[int]) -> list[int]:
-            reduce(0, 0)
-            return super().add(value, acc)
+    def switch() -> None:
+        for b in holder:
+            b.set_current_key("other")
 
     backend = _backend()
-    cfg = _ttl(10**9) if ttl else None
-    s = _reducing(backend, reduce, cfg) if kind == "reducing" else _aggregating(backend, Switching(), cfg)
+    s = _summing_with_hook(kind, backend, switch, _ttl(10**9) if ttl else None)
     backend.set_current_key("k")
     s.add(1)
     holder.append(backend)
@@ -169,20 +187,12 @@ def test_a_function_switching_the_key_leaves_the_result_with_the_key_of_the_call
 def test_a_function_that_raises_changes_nothing(kind: str, ttl: bool) -> None:
     fail = [False]
 
-    def reduce(a: int, b: int) -> int:
+    def maybe_fail() -> None:
         if fail[0]:
-            raise Boom("reduce")
-        return a + b
-
-    class Failing(Sum):
-        def add(self, value: int, acc: list[int]) -> list[int]:
-            if fail[0]:
-                raise Boom("add")
-            return super().add(value, acc)
+            raise Boom("function")
 
     backend = _backend()
-    cfg = _ttl(10**9) if ttl else None
-    s = _reducing(backend, reduce, cfg) if kind == "reducing" else _aggregating(backend, Failing(), cfg)
+    s = _summing_with_hook(kind, backend, maybe_fail, _ttl(10**9) if ttl else None)
     backend.set_current_key("k")
     s.add(5)
     fail[0] = True
@@ -224,10 +234,7 @@ def test_a_snapshot_keeps_its_values_while_adds_change_them_in_place(kind: str, 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("return_expired", [False, True])
 def test_an_expired_value_is_not_added_to_unless_it_stays_visible(kind: str, return_expired: bool) -> None:
-    now = [1_000]
-    backend = _backend(lambda: now[0])
-    s = _make(kind, backend, _ttl(100, return_expired=return_expired))
-    backend.set_current_key("k")
+    now, backend, s = _clocked(kind, return_expired=return_expired)
     s.add(1)
     now[0] += 100  # expired (inclusive)
     s.add(10)
@@ -240,10 +247,7 @@ def test_an_expired_value_is_not_added_to_unless_it_stays_visible(kind: str, ret
 @pytest.mark.parametrize("kind", ["reducing", "aggregating"])
 @pytest.mark.parametrize("return_expired", [False, True])
 def test_an_expired_value_is_removed_by_get(kind: str, return_expired: bool) -> None:
-    now = [1_000]
-    backend = _backend(lambda: now[0])
-    s = _make(kind, backend, _ttl(100, return_expired=return_expired))
-    backend.set_current_key("k")
+    now, backend, s = _clocked(kind, return_expired=return_expired)
     s.add(4)
     now[0] += 100
     assert s.get() == (4 if return_expired else None)
@@ -254,10 +258,7 @@ def test_an_expired_value_is_removed_by_get(kind: str, return_expired: bool) -> 
 @pytest.mark.parametrize("on_read", [False, True])
 @pytest.mark.parametrize("kind", ["reducing", "aggregating"])
 def test_get_refreshes_only_on_read_and_write(kind: str, on_read: bool) -> None:
-    now = [1_000]
-    backend = _backend(lambda: now[0])
-    s = _make(kind, backend, _ttl(100, on_read=on_read))
-    backend.set_current_key("k")
+    now, backend, s = _clocked(kind, on_read=on_read)
     s.add(4)
     now[0] += 60
     assert s.get() == 4
@@ -343,20 +344,14 @@ def test_fields_deleted_by_the_function_do_not_crash_the_add(kind: str) -> None:
     read afterwards by the add in progress, and the next access reports it."""
     holder: list[Any] = []
 
-    def reduce(a: int, b: int) -> int:
+    def delete_fields() -> None:
         for table in holder:
             for name in ("ttl", "return_expired", "update_on_read", "maps"):
                 if hasattr(table, name):
                     delattr(table, name)
-        return a + b
-
-    class Deleting(Sum):
-        def add(self, value: int, acc: list[int]) -> list[int]:
-            reduce(0, 0)
-            return super().add(value, acc)
 
     backend = _backend()
-    s = _reducing(backend, reduce, _ttl()) if kind == "reducing" else _aggregating(backend, Deleting(), _ttl())
+    s = _summing_with_hook(kind, backend, delete_fields, _ttl())
     backend.set_current_key("k")
     s.add(1)
     holder.append(s._t)
@@ -373,10 +368,7 @@ def test_fields_deleted_by_the_function_do_not_crash_the_add(kind: str) -> None:
 @pytest.mark.parametrize("on_read", [False, True])
 @pytest.mark.parametrize("return_expired", [False, True])
 def test_list_get_of_a_partly_expired_list(on_read: bool, return_expired: bool) -> None:
-    now = [1_000]
-    backend = _backend(lambda: now[0])
-    s = _list(backend, _ttl(100, on_read=on_read, return_expired=return_expired))
-    backend.set_current_key("k")
+    now, backend, s = _clocked("list", on_read=on_read, return_expired=return_expired)
     s.add("old")
     now[0] += 50
     s.add("new")
@@ -392,10 +384,7 @@ def test_list_get_of_a_partly_expired_list(on_read: bool, return_expired: bool) 
 
 @pytest.mark.parametrize("on_read", [False, True])
 def test_list_get_refreshes_a_live_list_only_on_read_and_write(on_read: bool) -> None:
-    now = [1_000]
-    backend = _backend(lambda: now[0])
-    s = _list(backend, _ttl(100, on_read=on_read))
-    backend.set_current_key("k")
+    now, backend, s = _clocked("list", on_read=on_read)
     s.add(1)
     s.add(2)
     now[0] += 60
@@ -406,10 +395,7 @@ def test_list_get_refreshes_a_live_list_only_on_read_and_write(on_read: bool) ->
 
 @pytest.mark.parametrize("partly", [False, True])
 def test_list_get_rewriting_timestamps_leaves_a_snapshot_as_it_was(partly: bool) -> None:
-    now = [1_000]
-    backend = _backend(lambda: now[0])
-    s = _list(backend, _ttl(100, on_read=True))
-    backend.set_current_key("k")
+    now, backend, s = _clocked("list", on_read=True)
     s.add(1)
     if partly:
         now[0] += 50
