@@ -300,6 +300,12 @@ def column_fold(
 def user_link(
     links: CopyOnWriteStateMap, dirs: CopyOnWriteStateMap, ctx: Any, key: Any, ns: Any, ukey: Any
 ) -> None: ...
+def user_unlink(
+    links: CopyOnWriteStateMap, dirs: CopyOnWriteStateMap, ctx: Any, key: Any, ns: Any, ukey: Any
+) -> None: ...
+def user_unlink_all(
+    links: CopyOnWriteStateMap, dirs: CopyOnWriteStateMap, removed: list[Any], ns_marker: Any, void_ns: Any
+) -> None: ...
 def user_insert_many(
     users: list[Any],
     groups: list[int],
@@ -438,3 +444,6 @@ def list_state_add(self: Any, value: Any) -> None:
 
 def list_state_get(self: Any) -> list[Any]:
     """ListState.get, compiled."""
+
+def map_state_remove(self: Any, key: Any) -> None:
+    """MapState.remove, compiled."""

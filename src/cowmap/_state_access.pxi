@@ -1,7 +1,7 @@
 # The per-key accesses a keyed function makes on every record, compiled:
 # ValueState's value() and update(), ReducingState's and AggregatingState's
-# get() and add(), ListState's get() and add(), MapState's get(), contains()
-# and put().
+# get() and add(), ListState's get() and add(), MapState's get(), contains(),
+# put() and remove().
 # Written in Python they cost two to three times the map call they make (the
 # view's and the table's fields, the TTL cleanup counter, the time provider and
 # the call itself, each read by the interpreter). Here they read the fields by
@@ -368,6 +368,7 @@ cdef object _map_lookup(StateView self, object ukey):
     if kg is None:
         raise self._no_key()
     m = (<list?>t.maps)[<Py_ssize_t>kg]
+    ns = self._ns
     cdef int64_t ttl = t.ttl
     cdef int refresh = 1 if t.update_on_read else 0
     cdef bint return_expired = t.return_expired
@@ -386,7 +387,8 @@ cdef object _map_lookup(StateView self, object ukey):
                              _EXPIRED)
         if v is _EXPIRED:
             v = fm_remove_and_get_old(&e.m, ukey, ctx)
-            t.users[kg].unlink(ctx, ukey)
+            u = t.users[kg]
+            _unlink(<CopyOnWriteStateMap?>u.links, <CopyOnWriteStateMap?>u.dirs, ctx, key, ns, ukey)
             if not return_expired:
                 return _MAP_ABSENT
     if v is None:
@@ -434,3 +436,22 @@ def map_state_put(StateView self, key, value):
     # one lookup, the clock read inside it; a new user key still needs linking
     if fm_put(&e.m, key, ctx, _NONE_VALUE if value is None else value, ts) == 1:
         t.users[kg].link(ctx, key)
+
+
+def map_state_remove(StateView self, key):
+    """Remove user key ``key`` if present. O(1)."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    if _VOID is None:  # (before the fields are checked: it runs Python code)
+        _map_markers()
+    _check_fields(self, t)
+    k = kc.key
+    kg = kc.key_group
+    if kg is None:
+        raise self._no_key()
+    ns = self._ns
+    ctx = _map_ctx(self, k)
+    _cleanup_tick(t)
+    u = t.users[kg]
+    if u is not None and fm_remove(&(<FlatStateMap?>u.values).m, key, ctx, NULL) == 1:
+        _unlink(<CopyOnWriteStateMap?>u.links, <CopyOnWriteStateMap?>u.dirs, ctx, k, ns, key)

@@ -1,5 +1,5 @@
 # MapState's insertion-order lists, compiled: linking a new user entry at the
-# tail of its (key, namespace)'s list. The lists and their invariant are
+# tail of its (key, namespace)'s list, and unlinking a removed one. The lists and their invariant are
 # described in cowmap/state/user_map.py (KeyGroupUserMap), whose ``link`` and
 # ``insert`` call these. Included by _core.pyx.
 
@@ -45,6 +45,63 @@ cdef int _link(CopyOnWriteStateMap links, CopyOnWriteStateMap dirs, object ctx, 
     (<list>dc)[0] = (<list>dc)[0] + 1
     (<list>dc)[2] = ukey
     return 0
+
+
+cdef int _unlink(CopyOnWriteStateMap links, CopyOnWriteStateMap dirs, object ctx, object key, object ns,
+                 object ukey) except -1:
+    """Unlink user entry ``ukey`` of ``key`` in ``ns`` (core namespace ``ctx``),
+    already removed from the values map. Reads only ``links`` and ``dirs``:
+    entries a sweep removed together unlink one after another, each step seeing
+    the links the one before left."""
+    old = cm_remove_and_get_old(&links.m, ukey, ctx)
+    if old is None:
+        raise RuntimeError(f"MapState list of {key!r} is broken: user key {ukey!r} has no links")
+    prev = (<tuple?>old)[0]
+    nxt = (<tuple>old)[1]
+    dc = cm_get(&dirs.m, key, ns)  # [count, head, tail], copied first if a snapshot shares it
+    if dc is None:
+        raise RuntimeError(f"MapState list of {key!r} is broken: it has no directory entry")
+    if (<list?>dc)[0] <= 1:  # the list's last entry: the directory entry goes too
+        cm_remove(&dirs.m, key, ns)
+        return 0
+    (<list>dc)[0] = (<list>dc)[0] - 1
+    if prev is None:
+        (<list>dc)[1] = nxt
+    else:
+        before = cm_get(&links.m, prev, ctx)
+        if before is None:
+            raise RuntimeError(f"MapState list of {key!r} is broken: {prev!r} has no links")
+        cm_put(&links.m, prev, ctx, ((<tuple?>before)[0], nxt), CM_NO_TS)
+    if nxt is None:
+        (<list>dc)[2] = prev
+    else:
+        after = cm_get(&links.m, nxt, ctx)
+        if after is None:
+            raise RuntimeError(f"MapState list of {key!r} is broken: {nxt!r} has no links")
+        cm_put(&links.m, nxt, ctx, (prev, (<tuple?>after)[1]), CM_NO_TS)
+    return 0
+
+
+def user_unlink(CopyOnWriteStateMap links not None, CopyOnWriteStateMap dirs not None, ctx, key, ns, ukey):
+    """Unlink user entry ``ukey``, already removed from the values map, from the
+    insertion-order list of ``key`` in ``ns`` (``ctx`` its core namespace);
+    the list's last entry takes its directory entry with it. O(1)."""
+    _unlink(links, dirs, ctx, key, ns, ukey)
+
+
+def user_unlink_all(CopyOnWriteStateMap links not None, CopyOnWriteStateMap dirs not None, list removed not None,
+                    ns_marker, void_ns):
+    """Unlink the ``(user_key, ctx, value)`` entries a sweep removed from the
+    values map, in any order, several of one list among them. A ``ctx`` is the
+    key itself in the namespace ``void_ns``, else ``(key, ns, ns_marker)``.
+    O(len(removed))."""
+    for item in removed:
+        ukey = (<tuple?>item)[0]
+        ctx = (<tuple>item)[1]
+        if type(ctx) is tuple and len(<tuple>ctx) == 3 and (<tuple>ctx)[2] is ns_marker:
+            _unlink(links, dirs, ctx, (<tuple>ctx)[0], (<tuple>ctx)[1], ukey)
+        else:
+            _unlink(links, dirs, ctx, ctx, void_ns, ukey)
 
 
 def user_link(CopyOnWriteStateMap links not None, CopyOnWriteStateMap dirs not None, ctx, key, ns, ukey):

@@ -1,4 +1,4 @@
-"""``ValueState.value``/``update`` and ``MapState.get``/``contains``/``put`` are
+"""``ValueState.value``/``update`` and ``MapState.get``/``contains``/``put``/``remove`` are
 compiled (cowmap._core): what they must keep doing that a Python method did for
 free — a failing or re-entrant time provider, mutable defaults, None values,
 namespaces, expired values, the cleanup counter, re-entrant user keys, deleted
@@ -228,7 +228,7 @@ def _map(ttl: StateTtlConfig | None = None, provider: Any = None) -> tuple[Any, 
 @pytest.mark.parametrize("ttl", [False, True])
 def test_map_no_current_key_is_a_runtime_error(ttl: bool) -> None:
     _, m = _map(_ttl() if ttl else None)
-    for call in (lambda: m.get("u"), lambda: m.contains("u"), lambda: m.put("u", 1)):
+    for call in (lambda: m.get("u"), lambda: m.contains("u"), lambda: m.put("u", 1), lambda: m.remove("u")):
         with pytest.raises(RuntimeError, match="no current key"):
             call()
 
@@ -344,6 +344,8 @@ def test_map_a_deleted_view_field_is_an_attribute_error_not_a_crash(field: str) 
         m.get("u")
     with pytest.raises(AttributeError, match=field):
         m.put("u", 2)
+    with pytest.raises(AttributeError, match=field):
+        m.remove("u")
 
 
 @pytest.mark.parametrize("ttl", [False, True])
@@ -359,6 +361,44 @@ def test_map_no_reference_is_leaked_or_lost(ttl: bool) -> None:
         assert m.contains(ukey)
         m.put(ukey, value)
     assert [sys.getrefcount(o) for o in (value, ukey, key)] == before
+    for _ in range(1_000):
+        m.remove(ukey)
+        m.put(ukey, value)
+    assert [sys.getrefcount(o) for o in (value, ukey, key)] == before
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@pytest.mark.parametrize("namespace", [None, "w"])
+def test_map_remove_at_every_place_keeps_the_order(ttl: bool, namespace: Any) -> None:
+    """Removing the head, a middle entry, the tail and the last one left: the
+    others keep their order, and the list's invariants hold after each."""
+    backend, m = _map(_ttl(10**9) if ttl else None)
+    backend.set_current_key("k")
+    if namespace is not None:
+        m.set_current_namespace(namespace)
+    for u in "abcde":
+        m.put(u, u.upper())
+    left = list("abcde")
+    for u in ["a", "c", "e", "zz", "b", "d"]:  # head, middle, tail, absent, head, the last one
+        m.remove(u)
+        if u in left:
+            left.remove(u)
+        assert m.items() == [(x, x.upper()) for x in left]
+        m._t._check()
+    assert m.is_empty()
+    m.put("f", "F")  # the list starts again
+    assert m.items() == [("f", "F")]
+    m._t._check()
+
+
+def test_map_remove_of_a_broken_list_is_a_runtime_error_not_a_crash() -> None:
+    backend, m = _map()
+    backend.set_current_key("k")
+    m.put("a", 1)
+    m.put("b", 2)
+    m._t.users[backend.key_context.key_group].links.remove("b", "k")  # damage the list by hand
+    with pytest.raises(RuntimeError, match="broken"):
+        m.remove("b")
 
 
 def test_map_markers_are_read_even_when_python_made_the_namespace_first() -> None:

@@ -129,10 +129,12 @@ class MapState(AsyncMapMethods, State):
             t.cleanup_step()
         return kg
 
-    # compiled (cowmap._core), one core lookup each: get, contains and put are the hot paths
+    # compiled (cowmap._core), one core lookup each: get, contains and put are the hot paths;
+    # remove(key) removes user key ``key`` if present
     get = _core.map_state_get
     contains = _core.map_state_contains
     put = _core.map_state_put
+    remove = _core.map_state_remove
 
     def put_all(self, entries: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> None:
         """``put`` of each ``(user_key, value)``, with one timestamp. O(len(entries))."""
@@ -150,11 +152,6 @@ class MapState(AsyncMapMethods, State):
                 raise TypeError("MapState user keys must not be None")
             insert(ctx, ukey, value, ts)
 
-    def remove(self, key: Any) -> None:
-        """Remove user key ``key`` if present. O(1)."""
-        u = self._t.users[self._kg()]
-        if u is not None:
-            u.remove(self._ctx(), key)
 
     def items(self) -> list[tuple[Any, Any]]:
         """``(user_key, value)`` pairs, in insertion order. O(the key's entries)."""

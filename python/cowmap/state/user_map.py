@@ -47,7 +47,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from cowmap._core import EXPIRED, CopyOnWriteStateMap, FlatMapSnapshot, FlatStateMap, dir_copy, user_link
+from cowmap._core import (
+    EXPIRED,
+    CopyOnWriteStateMap,
+    FlatMapSnapshot,
+    FlatStateMap,
+    dir_copy,
+    user_link,
+    user_unlink,
+    user_unlink_all,
+)
 from cowmap.state.table import VOID_NAMESPACE
 from cowmap.state.ttl import expired
 
@@ -134,29 +143,13 @@ class KeyGroupUserMap:
         one after another is plain removal from a doubly-linked list, each
         step seeing the links the step before left.
         """
-        links = self.links
-        prev, nxt = links.remove_and_get_old(ukey, ctx)
         key, ns = split_ctx(ctx)
-        dc = self.dirs.get(key, ns)
-        if dc[0] <= 1:  # the list's last entry: the directory entry goes too
-            self.dirs.remove(key, ns)
-            return
-        dc[0] -= 1
-        if prev is None:
-            dc[1] = nxt
-        else:
-            links.put(prev, ctx, (links.get(prev, ctx)[0], nxt))
-        if nxt is None:
-            dc[2] = prev
-        else:
-            links.put(nxt, ctx, (prev, links.get(nxt, ctx)[1]))
+        user_unlink(self.links, self.dirs, ctx, key, ns, ukey)  # compiled: see _userlink.pxi
 
-    def unlink_all(self, removed: Iterable[tuple[Any, Any, Any]]) -> None:
+    def unlink_all(self, removed: list[tuple[Any, Any, Any]]) -> None:
         """Unlink the ``(user_key, ctx, value)`` entries a sweep removed from
         ``values``, in any order, several of one list among them. O(len(removed))."""
-        unlink = self.unlink
-        for ukey, ctx, _ in removed:
-            unlink(ctx, ukey)
+        user_unlink_all(self.links, self.dirs, removed, NS_MARKER, VOID_NAMESPACE)  # compiled: see _userlink.pxi
 
     def remove(self, ctx: Any, ukey: Any) -> bool:
         """Remove a user entry if present; True if it was. O(1)."""
