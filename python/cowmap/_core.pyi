@@ -447,3 +447,6 @@ def list_state_get(self: Any) -> list[Any]:
 
 def map_state_remove(self: Any, key: Any) -> None:
     """MapState.remove, compiled."""
+
+def state_clear(self: Any) -> None:
+    """State.clear, compiled."""

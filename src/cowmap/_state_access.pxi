@@ -1,7 +1,7 @@
 # The per-key accesses a keyed function makes on every record, compiled:
 # ValueState's value() and update(), ReducingState's and AggregatingState's
-# get() and add(), ListState's get() and add(), MapState's get(), contains(),
-# put() and remove().
+# get() and add(), ListState's get() and add(), clear() of those four kinds,
+# MapState's get(), contains(), put() and remove().
 # Written in Python they cost two to three times the map call they make (the
 # view's and the table's fields, the TTL cleanup counter, the time provider and
 # the call itself, each read by the interpreter). Here they read the fields by
@@ -132,6 +132,27 @@ cdef inline int64_t _write_ts(CopyOnWriteStateMap cm, KeyContext kc, object key,
     return _as_time_for(&cm.m, key, ns, kc.clock) if ttl else CM_NO_TS
 
 
+cdef int _clear(StateView self, TableCore t, KeyContext kc) except -1:
+    """Remove the current key's state in the view's namespace, then take one
+    access's cleanup step. The caller has checked the fields."""
+    key = kc.key
+    kg = kc.key_group
+    if kg is None:
+        raise self._no_key()
+    m = (<list?>t.maps)[<Py_ssize_t>kg]
+    if m is not None:
+        cm_remove(&(<CopyOnWriteStateMap?>m).m, key, self._ns)
+    _cleanup_tick(t)
+    return 0
+
+
+def state_clear(StateView self):
+    """Remove the current key's state in the current namespace. O(1)."""
+    cdef TableCore t = <TableCore?>self._t
+    _check_fields(self, t)
+    _clear(self, t, self._kc)
+
+
 def value_state_value(StateView self):
     """The current key's value in the current namespace; the descriptor's
     ``default_value`` when there is none or it expired. O(1)."""
@@ -146,10 +167,10 @@ def value_state_update(StateView self, value):
     """Set the current key's value (and, with TTL, its timestamp); None clears it. O(1)."""
     cdef KeyContext kc = self._kc
     cdef TableCore t = <TableCore?>self._t
-    if value is None:
-        self.clear()
-        return
     _check_fields(self, t)
+    if value is None:
+        _clear(self, t, kc)
+        return
     key = kc.key
     ns = self._ns
     cdef CopyOnWriteStateMap cm = _map_for_write(self, t, kc)

@@ -455,3 +455,70 @@ def test_fields_deleted_by_the_clock_do_not_crash_the_access(kind: str) -> None:
         s.get()
     with pytest.raises(AttributeError):
         s.add(2)
+
+
+# --------------------------------------------------------------------------- clear (every kind but MapState)
+
+
+def _value(backend: KeyedStateBackend, ttl: StateTtlConfig | None = None) -> Any:
+    from cowmap.state import ValueStateDescriptor
+
+    d = ValueStateDescriptor("v")
+    if ttl is not None:
+        d.enable_time_to_live(ttl)
+    return backend.get_state(d)
+
+
+def _put(kind: str, s: Any, v: int) -> None:
+    if kind == "value":
+        s.update(v)
+    else:
+        s.add(v)
+
+
+def _got(kind: str, s: Any) -> Any:
+    return s.value() if kind == "value" else s.get()
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@pytest.mark.parametrize("kind", [*KINDS, "value"])
+def test_clear_removes_only_the_current_key_and_namespace(kind: str, ttl: bool) -> None:
+    backend = _backend()
+    cfg = _ttl(10**9) if ttl else None
+    s = _value(backend, cfg) if kind == "value" else _make(kind, backend, cfg)
+    with pytest.raises(RuntimeError, match="no current key"):
+        s.clear()
+    for key in ("a", "b"):
+        backend.set_current_key(key)
+        for ns in ("x", "y"):
+            s.set_current_namespace(ns)
+            _put(kind, s, 1)
+    backend.set_current_key("a")
+    s.set_current_namespace("x")
+    s.clear()
+    s.clear()  # nothing left: no error
+    assert _got(kind, s) in (None, [])
+    assert backend.num_entries() == 3
+    s.set_current_namespace("y")
+    assert _got(kind, s) in (1, [1])
+    backend.set_current_key("never")
+    s.clear()  # a key group with no map yet
+    assert backend.num_entries() == 3
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "value"])
+def test_clear_takes_one_cleanup_step_and_checks_the_fields(kind: str) -> None:
+    backend = _backend()
+    s = _value(backend, _ttl(100)) if kind == "value" else _make(kind, backend, _ttl(100))
+    table = s._t
+    sweeps: list[int] = []
+    table.run_cleanup = lambda: sweeps.append(table.ticks)
+    backend.set_current_key("k")
+    table.ticks = 2
+    s.clear()
+    assert (table.ticks, sweeps) == (1, [])
+    s.clear()
+    assert sweeps == [0]
+    del table.maps
+    with pytest.raises(AttributeError, match="maps"):
+        s.clear()

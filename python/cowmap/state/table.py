@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from cowmap import _core
 from cowmap._context import KeyContext, StateView, TableCopier, TableCore
 from cowmap._core import NO_TIMESTAMP, CopyOnWriteStateMap, StateMapSnapshot, column_missing, maps_may_expire
 from cowmap.state.descriptors import StateDescriptor
@@ -289,13 +290,8 @@ class State(StateView):
             m = t.map_for_write(self._kc.key_group)
         return m
 
-    def clear(self) -> None:
-        """Remove the current key's state in the current namespace."""
-        m = self._current_map()
-        if m is not None:
-            m.remove(self._kc.key, self._ns)
-        if self._t.cleanup_size:
-            self._t.cleanup_step()
+    # compiled (cowmap._core): remove the current key's state in the current namespace
+    clear = _core.state_clear
 
     def _merge_sources(self, target: Any, sources: Iterable[Any]) -> dict[Any, None]:
         """Check a ``merge_namespaces`` call before it changes anything: the
