@@ -450,3 +450,9 @@ def map_state_remove(self: Any, key: Any) -> None:
 
 def state_clear(self: Any) -> None:
     """State.clear, compiled."""
+
+def list_state_add_all(self: Any, values: Any) -> None:
+    """ListState.add_all, compiled."""
+
+def list_state_update(self: Any, values: Any) -> None:
+    """ListState.update, compiled."""

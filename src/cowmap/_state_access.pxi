@@ -1,7 +1,7 @@
 # The per-key accesses a keyed function makes on every record, compiled:
 # ValueState's value() and update(), ReducingState's and AggregatingState's
-# get() and add(), ListState's get() and add(), clear() of those four kinds,
-# MapState's get(), contains(), put() and remove().
+# get() and add(), ListState's get(), add(), add_all() and update(), clear()
+# of those four kinds, MapState's get(), contains(), put() and remove().
 # Written in Python they cost two to three times the map call they make (the
 # view's and the table's fields, the TTL cleanup counter, the time provider and
 # the call itself, each read by the interpreter). Here they read the fields by
@@ -300,13 +300,33 @@ def list_state_get(StateView self):
     return values if return_expired else kept
 
 
-def list_state_add(StateView self, value):
-    """Append ``value`` (not None) to the current key's list. O(1) amortised."""
-    cdef KeyContext kc = self._kc
-    cdef TableCore t = <TableCore?>self._t
+cdef list _list_values(object values, str what):
+    """The elements of ``values`` as a new list: ValueError for None (or a
+    None element), TypeError for a str or bytes (one value given by mistake)."""
+    if values is None:
+        raise ValueError(f"the list of values to {what} must not be None")
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"expected an iterable of values to {what}, not {type(values).__name__}")
+    cdef list out = list(values)
+    for v in out:
+        if v is None:
+            raise ValueError("a ListState cannot hold None")
+    return out
+
+
+cdef list _stamped(list vals, object now):
+    """``[v0, now, v1, now, ...]``: the flat form of a list with TTL."""
+    cdef list out = []
+    for v in vals:
+        out.append(v)
+        out.append(now)
+    return out
+
+
+cdef int _append(StateView self, TableCore t, KeyContext kc, object value, list vals) except -1:
+    """Append ``value`` (not None) to the current key's list, or with ``vals``
+    (checked, not empty) every element of ``vals`` instead."""
     cdef int64_t now
-    if value is None:
-        raise ValueError("a ListState cannot hold None")
     _check_fields(self, t)
     key = kc.key
     ns = self._ns
@@ -315,17 +335,57 @@ def list_state_add(StateView self, value):
     lst = cm_get(&cm.m, key, ns)  # a private copy if a snapshot shares it
     if ttl == 0:
         if lst is None:
-            cm_put(&cm.m, key, ns, [value], CM_NO_TS)
-        else:
+            cm_put(&cm.m, key, ns, [value] if vals is None else vals, CM_NO_TS)
+        elif vals is None:
             lst.append(value)
-        return
+        else:
+            lst.extend(vals)
+        return 0
     # with TTL the list is flat, [v0, ts0, v1, ts1, ...], the entry's timestamp the newest element's
     now = _as_time_for(&cm.m, key, ns, kc.clock, "now")
+    stamp = now
+    flat = [value, stamp] if vals is None else _stamped(vals, stamp)
     if lst is None:
-        cm_put(&cm.m, key, ns, [value, now], now)
+        cm_put(&cm.m, key, ns, flat, now)
     else:
-        lst.extend((value, now))
+        lst.extend(flat)
         cm_set_timestamp(&cm.m, key, ns, now)
+    return 0
+
+
+def list_state_add(StateView self, value):
+    """Append ``value`` (not None) to the current key's list. O(1) amortised."""
+    if value is None:
+        raise ValueError("a ListState cannot hold None")
+    _append(self, <TableCore?>self._t, self._kc, value, None)
+
+
+def list_state_add_all(StateView self, values):
+    """Append every element of ``values`` (none of them None) to the current
+    key's list; nothing (not even the key's check) for no elements. O(len(values))."""
+    cdef list vals = _list_values(values, "add")
+    if vals:
+        _append(self, <TableCore?>self._t, self._kc, None, vals)
+
+
+def list_state_update(StateView self, values):
+    """Replace the current key's list with the elements of ``values``; ``[]``
+    clears it. O(len(values))."""
+    cdef KeyContext kc = self._kc
+    cdef TableCore t = <TableCore?>self._t
+    cdef int64_t now
+    cdef list vals = _list_values(values, "update")
+    _check_fields(self, t)
+    key = kc.key
+    ns = self._ns
+    cdef CopyOnWriteStateMap cm = _map_for_write(self, t, kc)
+    if not vals:
+        cm_remove(&cm.m, key, ns)
+    elif t.ttl == 0:
+        cm_put(&cm.m, key, ns, vals, CM_NO_TS)
+    else:
+        now = _as_time_for(&cm.m, key, ns, kc.clock, "now")
+        cm_put(&cm.m, key, ns, _stamped(vals, now), now)
 
 
 # ------------------------------------------------------------ MapState

@@ -522,3 +522,70 @@ def test_clear_takes_one_cleanup_step_and_checks_the_fields(kind: str) -> None:
     del table.maps
     with pytest.raises(AttributeError, match="maps"):
         s.clear()
+
+
+# --------------------------------------------------------------------------- ListState add_all / update
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+@pytest.mark.parametrize("call", ["add_all", "update"])
+def test_list_bad_values_are_refused_before_anything_is_written(call: str, ttl: bool) -> None:
+    backend = _backend()
+    s = _list(backend, _ttl(10**9) if ttl else None)
+    backend.set_current_key("k")
+    s.add(0)
+    fn = getattr(s, call)
+    with pytest.raises(ValueError, match="must not be None"):
+        fn(None)
+    with pytest.raises(TypeError, match="iterable of values"):
+        fn("abc")
+    with pytest.raises(TypeError, match="iterable of values"):
+        fn(b"abc")
+    with pytest.raises(ValueError, match="cannot hold None"):
+        fn([1, None, 2])
+    with pytest.raises(TypeError):
+        fn(5)  # not iterable
+    assert s.get() == [0]
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_list_add_all_and_update_take_any_iterable(ttl: bool) -> None:
+    now = [1_000]
+    backend = _backend(lambda: now[0])
+    s = _list(backend, _ttl(100) if ttl else None)
+    with pytest.raises(RuntimeError, match="no current key"):
+        s.update([1])
+    s.add_all([])  # nothing to add: not even the key is needed
+    backend.set_current_key("k")
+    s.add_all(x for x in (1, 2))
+    s.add_all((3,))
+    s.add_all([])
+    assert s.get() == [1, 2, 3]
+    now[0] += 60
+    s.add_all(range(4, 6))
+    now[0] += 60  # with TTL: 1-3 expired, 4-5 live
+    assert s.get() == ([4, 5] if ttl else [1, 2, 3, 4, 5])
+    s.update(iter([7, 8]))
+    assert s.get() == [7, 8]
+    s.update([])
+    assert s.get() == []
+    assert backend.num_entries() == 0
+
+
+@pytest.mark.parametrize("ttl", [False, True])
+def test_list_add_all_and_update_leave_a_snapshot_as_it_was(ttl: bool) -> None:
+    backend = _backend()
+    s = _list(backend, _ttl(10**9) if ttl else None)
+    backend.set_current_key("k")
+    s.add_all([1, 2])
+    given = [3, 4]
+    with backend.snapshot() as snap:
+        s.add_all(given)
+        given.append(99)  # the caller's list is copied, not stored
+        assert s.get() == [1, 2, 3, 4]
+        ((_, _, values, _),) = list(snap.entries(s.name))
+        assert values == [1, 2]
+        s.update([5])
+        ((_, _, values, _),) = list(snap.entries(s.name))
+        assert values == [1, 2]
+    assert s.get() == [5]

@@ -22,18 +22,6 @@ from cowmap.state.ttl import expired
 __all__ = ["ListState", "ListTable"]
 
 
-def _checked(values: Iterable[Any], what: str) -> list[Any]:
-    if values is None:
-        raise ValueError(f"the list of values to {what} must not be None")
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"expected an iterable of values to {what}, not {type(values).__name__}")
-    out = list(values)
-    for v in out:
-        if v is None:
-            raise ValueError("a ListState cannot hold None")
-    return out
-
-
 class ListState(AsyncListMethods, State):
     """A list of values per key and namespace (Flink's ``ListState``).
 
@@ -49,44 +37,10 @@ class ListState(AsyncListMethods, State):
     # compiled (cowmap._core): append a value (not None) to the current key's list
     add = _core.list_state_add
 
-    def add_all(self, values: Iterable[Any]) -> None:
-        """Append every element of ``values`` (none of them None) to the current key's list."""
-        vals = _checked(values, "add")
-        if vals:
-            self._append(vals)
-
-    def _append(self, vals: list[Any]) -> None:
-        m = self._map(True)
-        assert m is not None
-        key, ns = self._kc.key, self._ns
-        lst = m.get(key, ns)  # a private copy if a snapshot shares it
-        if not self._t.ttl:
-            if lst is None:
-                m.put(key, ns, vals)
-            else:
-                lst.extend(vals)
-            return
-        now = self._kc.now()
-        flat = [x for v in vals for x in (v, now)]
-        if lst is None:
-            m.put(key, ns, flat, now)
-        else:
-            lst.extend(flat)
-            m.set_timestamp(key, ns, now)
-
-    def update(self, values: Iterable[Any]) -> None:
-        """Replace the current key's list with the elements of ``values``; ``[]`` clears it."""
-        vals = _checked(values, "update")
-        m = self._map(True)
-        assert m is not None
-        key, ns = self._kc.key, self._ns
-        if not vals:
-            m.remove(key, ns)
-        elif not self._t.ttl:
-            m.put(key, ns, vals)
-        else:
-            now = self._kc.now()
-            m.put(key, ns, [x for v in vals for x in (v, now)], now)
+    # compiled (cowmap._core): add_all(values) appends every element of values (none of
+    # them None); update(values) replaces the list with them ([] clears it)
+    add_all = _core.list_state_add_all
+    update = _core.list_state_update
 
     # -- columnar twins: a column of keys instead of set_current_key per record
 
