@@ -101,7 +101,7 @@ cdef object _stored(StateView self, TableCore t, KeyContext kc):
 
 cdef CopyOnWriteStateMap _map_for_write(StateView self, TableCore t, KeyContext kc):
     """The current key group's map after one access's cleanup step, made if
-    there is none (``State._map(True)``); the fields checked again after."""
+    there is none; the fields checked again after."""
     kg = kc.key_group
     if kg is None:
         raise self._no_key()

@@ -161,12 +161,11 @@ class StateTable(TableCore):
         nothing expires stops paying for cleanup (examining an entry is a cache
         miss in a big map), and the first expired entry found restores the rate.
 
-        Call it as ``if t.cleanup_size: t.cleanup_step()``. The hottest
-        accesses (``MapState`` get/contains and put, ``ValueState`` value and
-        update) are compiled and take the same step in C (``_cleanup_tick`` in
-        ``_state_access.pxi``): a method call alone adds 3-8% to such an
-        access. O(1) but
-        every ``CLEANUP_BATCH``-th call, which sweeps (see :meth:`run_cleanup`).
+        Call it as ``if t.cleanup_size: t.cleanup_step()``. The per-record
+        accesses of every kind are compiled and take the same step in C
+        (``_cleanup_tick`` in ``_state_access.pxi``): a method call alone adds
+        3-8% to such an access. O(1) but every ``CLEANUP_BATCH``-th call, which
+        sweeps (see :meth:`run_cleanup`).
         """
         self.ticks -= 1
         if self.ticks <= 0:
@@ -279,16 +278,6 @@ class State(StateView):
             return self._t.maps[self._kc.key_group]
         except TypeError:  # no current key: key_group is None
             raise self._no_key() from None
-
-    def _map(self, write: bool) -> CopyOnWriteStateMap | None:
-        """The current key group's map after one access's cleanup step, made if ``write``."""
-        m = self._current_map()
-        t = self._t
-        if t.cleanup_size:
-            t.cleanup_step()
-        if m is None and write:
-            m = t.map_for_write(self._kc.key_group)
-        return m
 
     # compiled (cowmap._core): remove the current key's state in the current namespace
     clear = _core.state_clear
