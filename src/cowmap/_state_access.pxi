@@ -238,6 +238,29 @@ def aggregating_state_add(StateView self, value):
     cm_put(&cm.m, key, ns, acc, _write_ts(cm, kc, key, ns, ttl))
 
 
+cdef list _list_values(object values, str what):
+    """The elements of ``values`` as a new list: ValueError for None (or a
+    None element), TypeError for a str or bytes (one value given by mistake)."""
+    if values is None:
+        raise ValueError(f"the list of values to {what} must not be None")
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"expected an iterable of values to {what}, not {type(values).__name__}")
+    cdef list out = list(values)
+    for v in out:
+        if v is None:
+            raise ValueError("a ListState cannot hold None")
+    return out
+
+
+cdef list _stamped(list vals, object now):
+    """``[v0, now, v1, now, ...]``: the flat form of a list with TTL."""
+    cdef list out = []
+    for v in vals:
+        out.append(v)
+        out.append(now)
+    return out
+
+
 def list_state_get(StateView self):
     """The current key's elements, oldest first (a new list; ``[]`` when there
     are none). With TTL each element has its own timestamp: a partly expired
@@ -296,31 +319,8 @@ def list_state_get(StateView self):
             kept.append(flat[i])
     if on_read:  # Flink rewrites the live elements with fresh timestamps
         stamp = now
-        cm_put(&cm.m, key, ns, [x for v in kept for x in (v, stamp)], now)
+        cm_put(&cm.m, key, ns, _stamped(kept, stamp), now)
     return values if return_expired else kept
-
-
-cdef list _list_values(object values, str what):
-    """The elements of ``values`` as a new list: ValueError for None (or a
-    None element), TypeError for a str or bytes (one value given by mistake)."""
-    if values is None:
-        raise ValueError(f"the list of values to {what} must not be None")
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"expected an iterable of values to {what}, not {type(values).__name__}")
-    cdef list out = list(values)
-    for v in out:
-        if v is None:
-            raise ValueError("a ListState cannot hold None")
-    return out
-
-
-cdef list _stamped(list vals, object now):
-    """``[v0, now, v1, now, ...]``: the flat form of a list with TTL."""
-    cdef list out = []
-    for v in vals:
-        out.append(v)
-        out.append(now)
-    return out
 
 
 cdef int _append(StateView self, TableCore t, KeyContext kc, object value, list vals) except -1:
@@ -508,6 +508,7 @@ def map_state_put(StateView self, key, value):
         m = t.map_for_write(kg)
         _check_fields(self, t)
     e = <FlatStateMap?>m
+    ns = self._ns
     ctx = _map_ctx(self, k)
     _map_prefetch(e, key, ctx)
     cdef bint ttl = t.ttl != 0
@@ -516,7 +517,8 @@ def map_state_put(StateView self, key, value):
         ts = _flat_time_for(&e.m, key, ctx, kc.clock)
     # one lookup, the clock read inside it; a new user key still needs linking
     if fm_put(&e.m, key, ctx, _NONE_VALUE if value is None else value, ts) == 1:
-        t.users[kg].link(ctx, key)
+        u = t.users[kg]
+        _link(<CopyOnWriteStateMap?>u.links, <CopyOnWriteStateMap?>u.dirs, ctx, k, ns, key)
 
 
 def map_state_remove(StateView self, key):

@@ -1,7 +1,8 @@
 # MapState's insertion-order lists, compiled: linking a new user entry at the
-# tail of its (key, namespace)'s list, and unlinking a removed one. The lists and their invariant are
-# described in cowmap/state/user_map.py (KeyGroupUserMap), whose ``link`` and
-# ``insert`` call these. Included by _core.pyx.
+# tail of its (key, namespace)'s list, and unlinking a removed one. The lists
+# and their invariant are described in cowmap/state/user_map.py
+# (KeyGroupUserMap), whose methods call these, as do MapState's compiled
+# accesses (_state_access.pxi). Included by _core.pyx.
 
 
 cdef extern from "Python.h":
