@@ -129,6 +129,26 @@ def test_batch_query_goes_on_from_the_last_run(spark, tmp_path) -> None:
     assert got == _counts_reference(batches)
 
 
+def test_a_query_with_a_new_spark_checkpoint_cannot_take_over_another_querys_state(spark, tmp_path) -> None:
+    """Run with a new Spark checkpoint, a query is a new query (a new id): on the state of the
+    first it fails with a message naming both, and the first, restarted, goes on from its state."""
+    batches = [_events(60 + i, 300, 40) for i in range(4)]
+    first = Stream(spark, tmp_path, EVENTS)
+    first.add(batches[0])
+    first.add(batches[1])
+    first.run(CountPerKey, COUNTS, num_partitions=2)
+    (tmp_path / "other").mkdir()
+    other = Stream(spark, tmp_path / "other", EVENTS)
+    other.state = first.state
+    other.add(batches[2])
+    with pytest.raises(Exception, match=r"written by streaming query [0-9a-f-]+, not by this one \(streaming query"):
+        other.run(CountPerKey, COUNTS, num_partitions=2)
+    first.add(batches[2])
+    first.add(batches[3])
+    out = first.run(CountPerKey, COUNTS, num_partitions=2)
+    assert _rows(out, "k", "n") == _counts_reference(batches)
+
+
 def test_two_key_columns_make_tuple_keys(spark, tmp_path) -> None:
     r = np.random.default_rng(3)
     batches = [

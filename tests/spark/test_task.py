@@ -112,3 +112,131 @@ def test_a_backend_dropped_from_the_warm_cache_is_freed_at_once(tmp_path: Path, 
         assert ref() is None
     finally:
         gc.enable()
+
+
+class _Task:
+    """A streaming task's TaskContext: partition 0 of micro-batch ``batch`` of query ``query``."""
+
+    def __init__(self, query: str, batch: int) -> None:
+        self.props = {"sql.streaming.queryId": query, "streaming.sql.batchId": str(batch)}
+
+    def partitionId(self) -> int:
+        return 0
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return self.props.get(key)
+
+
+def _stream_batch(plan: Plan, query: str, batch_id: int, worker_batch: pd.DataFrame) -> Counter:
+    """Micro-batch ``batch_id`` of streaming query ``query`` through ``plan``: its (key, count) rows."""
+    got: Counter = Counter()
+    with mock.patch("pyspark.TaskContext.get", return_value=_Task(query, batch_id)):
+        for out in run_partition(plan, iter([worker_batch])):
+            got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
+    return got
+
+
+def _running_counts(batches: list[pd.DataFrame]) -> Counter:
+    want: Counter = Counter()
+    total: Counter = Counter()
+    for b in batches:
+        for k, n in b.groupby("k").size().items():
+            total[k] += n
+            want[(k, total[k])] += 1
+    return want
+
+
+def _streaming_plan(loc: Location, worker: str) -> Plan:
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    return Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], True, 0, warm_key=(worker,))
+
+
+def test_a_new_query_on_another_querys_state_is_refused_and_leaves_it_intact(tmp_path: Path) -> None:
+    """A query run with a new Spark checkpoint (a new query id) on a location holding another
+    query's versions would start from the empty state, overwrite the other's versions and let
+    retention delete its own: its first micro-batch fails naming both queries, and the first
+    query then goes on from its state."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    batches = [_batch(i) for i in range(4)]
+    got: Counter = Counter()
+    for b in range(2):
+        got += _stream_batch(_streaming_plan(loc, "w"), "query-a", b, batches[b])
+    storage = loc.storage(loc.layouts[0], loc.layouts[0].range_of(0))
+    before = {v: storage.manifest(v) for v in storage.checkpoints()}
+    for worker in ("w", "x"):  # with the first query's backend warm in the worker, and without
+        with pytest.raises(RuntimeError, match=r"written by streaming query query-a, not by this one \(streaming query"
+                           r" query-b\)\. A query run with a new Spark checkpoint is a new query"):
+            _stream_batch(_streaming_plan(loc, worker), "query-b", 0, batches[2])
+    assert {v: storage.manifest(v) for v in storage.checkpoints()} == before
+    task._WARM.clear()  # (a restarted query's workers are new)
+    for b in range(2, 4):
+        got += _stream_batch(_streaming_plan(loc, "y"), "query-a", b, batches[b])
+    assert got == _running_counts(batches)
+    task._WARM.clear()
+
+
+def test_a_version_of_another_query_is_refused_on_restore_and_on_catch_up(tmp_path: Path) -> None:
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    batches = [_batch(i) for i in range(3)]
+    _stream_batch(_streaming_plan(loc, "w"), "query-a", 0, batches[0])
+    _stream_batch(_streaming_plan(loc, "x"), "query-a", 1, batches[1])  # w is now a version behind
+    with pytest.raises(RuntimeError, match=r"\(version 2\) was written by streaming query query-a, not by this one"):
+        _stream_batch(_streaming_plan(loc, "z"), "query-b", 2, batches[2])  # a restore
+    # a warm backend of query-b a version behind, caught up by query-a's increment
+    _, warm = task._WARM.popitem(last=False)
+    task._WARM[("w", "query-b", 1, 0, 63)] = warm
+    with pytest.raises(RuntimeError, match=r"\(version 2\) was written by streaming query query-a"):
+        _stream_batch(_streaming_plan(loc, "w"), "query-b", 2, batches[2])
+    task._WARM.clear()
+
+
+def test_a_batch_query_on_a_streaming_querys_state_is_refused(tmp_path: Path) -> None:
+    """A batch query goes on from the newest version: of a streaming query's state it would fork it
+    (the stream, restarted, overwrites what the batch query committed)."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    _stream_batch(_streaming_plan(loc, "w"), "query-a", 0, _batch(0))
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    plan = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, loc.latest_version(), warm_key=("w",))
+    with pytest.raises(RuntimeError, match=r"written by streaming query query-a, not by this one \(a batch query\)"):
+        list(run_partition(plan, iter([_batch(1)])))
+    task._WARM.clear()
+
+
+def test_the_warm_backend_of_another_query_is_not_reused(tmp_path: Path) -> None:
+    """The state directory deleted to start over, a new query's micro-batch 1 lands on a worker
+    still holding the old query's version 1: it restores the new query's own version instead."""
+    import shutil
+
+    task._WARM.clear()
+    batches = [_batch(i) for i in range(4)]
+    loc = Location(str(tmp_path / "state"), "op")
+    _stream_batch(_streaming_plan(loc, "w"), "query-a", 0, batches[0])  # worker w: query-a's version 1
+    shutil.rmtree(tmp_path / "state")
+    loc = Location(str(tmp_path / "state"), "op")
+    got = _stream_batch(_streaming_plan(loc, "x"), "query-b", 0, batches[2])
+    got += _stream_batch(_streaming_plan(loc, "w"), "query-b", 1, batches[3])
+    assert got == _running_counts(batches[2:])
+    task._WARM.clear()
+
+
+def test_versions_saved_before_the_query_was_recorded_are_trusted(tmp_path: Path) -> None:
+    """State committed by a version of cowmap.spark that did not record the query (no ``query``
+    in a version's metadata) goes on under any query."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    batches = [_batch(i) for i in range(2)]
+    real_save = task.CheckpointStorage.save
+
+    def save_unrecorded(self, backend, **kw):
+        kw["metadata"] = {k: v for k, v in kw["metadata"].items() if k != "query"}
+        return real_save(self, backend, **kw)
+
+    with mock.patch.object(task.CheckpointStorage, "save", save_unrecorded):
+        got = _stream_batch(_streaming_plan(loc, "w"), "query-a", 0, batches[0])
+    task._WARM.clear()
+    got += _stream_batch(_streaming_plan(loc, "x"), "query-b", 1, batches[1])
+    assert got == _running_counts(batches)
+    task._WARM.clear()

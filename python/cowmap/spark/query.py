@@ -56,7 +56,9 @@ def apply_with_state(
     so a retried or restarted batch starts from the same state and leaves no
     double counts. TTL and processing-time timers use the micro-batch's time
     (``current_timestamp()``), so a retry rebuilds the same state. A batch
-    (not streaming) query goes on from the newest version in the location.
+    (not streaming) query goes on from the newest version in the location. The
+    state belongs to the query that wrote it (a streaming query's id, which a new
+    Spark checkpoint changes): another query's task fails on it, naming both.
 
     Args:
         keys: the key column(s); a key is a scalar for one column, a tuple for several.

@@ -80,18 +80,32 @@ def _batch_id(plan: Plan, tc: Any) -> int:
     return int(raw)
 
 
-def _load(plan: Plan, kg_range: KeyGroupRange, version: int) -> _Warm:
+def _query_id(plan: Plan, tc: Any) -> str | None:
+    """The streaming query's id (Spark keeps it across the query's restarts; a
+    new Spark checkpoint makes a new query), None for a batch query."""
+    if not plan.streaming or tc is None:
+        return None
+    return tc.getLocalProperty("sql.streaming.queryId")
+
+
+def _load(plan: Plan, kg_range: KeyGroupRange, version: int, query: str | None) -> _Warm:
     clock = ManualClock(0)
     backend = KeyedStateBackend(
         plan.layout.max_parallelism, kg_range, time_provider=clock, spark_key_types=plan.key_types
     )
     warm = _Warm(backend, clock, version, NO_WATERMARK, 0)
     if version == 0:
+        # the empty state: refused where another query's versions already are, which this one's
+        # commits would overwrite and its retention delete
+        storage = plan.location.storage(plan.layout, kg_range)
+        newest = storage.latest()
+        if newest is not None:
+            _times_of(storage, newest, query)
         return warm
     marks, times = [], []
     for storage in plan.location.sources(plan.layout, kg_range, version):
+        mark, at = _times_of(storage, version, query)
         storage.restore(backend, version)
-        mark, at = _times_of(storage, version)
         marks.append(mark)
         times.append(at)
     # a range made of several old ones: the slowest old watermark (as Flink takes
@@ -101,7 +115,7 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int) -> _Warm:
     return warm
 
 
-def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int) -> bool:
+def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int, query: str | None) -> bool:
     """Bring a warm backend a version or more behind (its range went to another
     worker meanwhile) to ``version`` by the increments committed since, when
     they are increments of what it holds: O(what changed), not a restore."""
@@ -109,14 +123,26 @@ def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int) ->
     if warm.version > version or not storage._catch_up(warm.backend, version):
         return False
     warm.version = version
-    warm.watermark, warm.timestamp = _times_of(storage, version)
+    warm.watermark, warm.timestamp = _times_of(storage, version, query)
     return True
 
 
-def _times_of(storage: CheckpointStorage, version: int) -> tuple[int, int]:
-    """The watermark and batch time a committed version was saved with."""
+def _times_of(storage: CheckpointStorage, version: int, query: str | None) -> tuple[int, int]:
+    """The watermark and batch time a committed version was saved with;
+    ``RuntimeError`` if another query (``query``: this one's) wrote it."""
     meta = storage.manifest(version).get("metadata") or {}
+    if "query" in meta and meta["query"] != query:  # (a version without it predates the record: trusted)
+        raise RuntimeError(
+            f"cowmap.spark: the state in {storage.uri!r} (version {version}) was written by "
+            f"{_query_name(meta['query'])}, not by this one ({_query_name(query)}). A query run with a new Spark "
+            "checkpoint is a new query, and two queries must not share a state: give this one its own "
+            "checkpoint_location or name, or delete the old state to start over"
+        )
     return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
+
+
+def _query_name(query: str | None) -> str:
+    return "a batch query" if query is None else f"streaming query {query}"
 
 
 def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame:
@@ -208,16 +234,17 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     tc = TaskContext.get()
     partition = tc.partitionId() if tc is not None else 0
     batch_id = _batch_id(plan, tc)
+    query = _query_id(plan, tc)
     kg_range = plan.layout.range_of(partition)
     chunks = [c for c in chunks_in if len(c)]
     batch = _batch_frame(chunks) if chunks else None
 
-    key = (*plan.warm_key, plan.layout.id, kg_range.start, kg_range.end)
+    key = (*plan.warm_key, query, plan.layout.id, kg_range.start, kg_range.end)
     warm = _WARM.pop(key, None)
-    if warm is not None and warm.version != batch_id and not _catch_up(plan, warm, kg_range, batch_id):
+    if warm is not None and warm.version != batch_id and not _catch_up(plan, warm, kg_range, batch_id, query):
         warm = None  # (dropped before the restore: one range's state in memory at a time)
     if warm is None:
-        warm = _load(plan, kg_range, batch_id)
+        warm = _load(plan, kg_range, batch_id, query)
     backend = warm.backend
 
     if batch is not None:
@@ -267,7 +294,7 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     storage.save(
         backend,
         checkpoint_id=batch_id + 1,
-        metadata={"watermark": warm.watermark, "timestamp": warm.timestamp},
+        metadata={"watermark": warm.watermark, "timestamp": warm.timestamp, "query": query},
         # a stream's next micro-batch starts only once this one is done: a later version can only
         # be the next batch's, which a straggling attempt of this one must not drop
         drop_later=not plan.streaming,
