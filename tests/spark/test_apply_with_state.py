@@ -149,6 +149,46 @@ def test_a_query_with_a_new_spark_checkpoint_cannot_take_over_another_querys_sta
     assert _rows(out, "k", "n") == _counts_reference(batches)
 
 
+def test_two_operators_of_one_query_sharing_a_state_name_fail_it(spark, tmp_path) -> None:
+    """Two operators of one query with one name (``name=`` left to the same processor class) on
+    one location would write each other's versions: the query fails naming the shared name."""
+    df = spark.createDataFrame(_events(70, 300, 40), EVENTS)
+    loc = str(tmp_path)
+    first = apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2)
+    second = apply_with_state(first, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2)
+    with pytest.raises(Exception, match=r"two operators of this query write the state 'CountPerKey' under .*: give"):
+        second.collect()
+
+
+def test_an_output_merged_with_other_partitions_in_its_stage_fails_clearly(spark, tmp_path) -> None:
+    """A coalesce or a union right after apply_with_state runs its partitions in tasks of other
+    indexes, where a task cannot tell its key groups (nor can a task of no rows): the query fails
+    saying so. The coalesced runs committed no version whole, so a run that writes the output as
+    it is starts from the empty state."""
+    r = np.random.default_rng(71)
+    keys = r.integers(0, 1000, 400)
+    codes = spark_type_codes(["bigint"])
+    first_half = [int(k) for k in keys if spark_key_group(int(k), codes, 4096) < 2048]
+    only_first = pd.DataFrame({"k": first_half, "v": 1})  # every row in partition 0 of 2: 1 has none
+    loc = str(tmp_path)
+    merged = r"shares its Spark stage with other partitions \(a union or coalesce right after it\?\)"
+    for b in (_events(72, 300, 40), only_first):
+        df = spark.createDataFrame(b, EVENTS)
+        out = apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2)
+        with pytest.raises(Exception, match=merged):
+            out.coalesce(1).collect()
+        a, b_ = (
+            apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=str(tmp_path / "u"), name=name)
+            for name in ("a", "b")
+        )
+        with pytest.raises(Exception, match=merged):
+            a.union(b_).collect()
+    b = _events(73, 300, 40)
+    df = spark.createDataFrame(b, EVENTS)
+    out = apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2)
+    assert _rows(out.toPandas(), "k", "n") == _counts_reference([b])
+
+
 def test_two_key_columns_make_tuple_keys(spark, tmp_path) -> None:
     r = np.random.default_rng(3)
     batches = [

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -115,22 +116,31 @@ def test_a_backend_dropped_from_the_warm_cache_is_freed_at_once(tmp_path: Path, 
 
 
 class _Task:
-    """A streaming task's TaskContext: partition 0 of micro-batch ``batch`` of query ``query``."""
+    """A streaming task's TaskContext: partition 0 of micro-batch ``batch`` of query ``query``
+    (the batch's SQL execution ``execution``), attempt ``attempt``."""
 
-    def __init__(self, query: str, batch: int) -> None:
-        self.props = {"sql.streaming.queryId": query, "streaming.sql.batchId": str(batch)}
+    def __init__(self, query: str, batch: int, execution: str | None = None, attempt: int = 0) -> None:
+        self.props = {
+            "sql.streaming.queryId": query,
+            "streaming.sql.batchId": str(batch),
+            "spark.sql.execution.query.id": execution or f"{query}-{batch}",
+        }
+        self.attempt = attempt
 
     def partitionId(self) -> int:
         return 0
+
+    def taskAttemptId(self) -> int:
+        return self.attempt
 
     def getLocalProperty(self, key: str) -> str | None:
         return self.props.get(key)
 
 
-def _stream_batch(plan: Plan, query: str, batch_id: int, worker_batch: pd.DataFrame) -> Counter:
+def _stream_batch(plan: Plan, query: str, batch_id: int, worker_batch: pd.DataFrame, **task_kw: Any) -> Counter:
     """Micro-batch ``batch_id`` of streaming query ``query`` through ``plan``: its (key, count) rows."""
     got: Counter = Counter()
-    with mock.patch("pyspark.TaskContext.get", return_value=_Task(query, batch_id)):
+    with mock.patch("pyspark.TaskContext.get", return_value=_Task(query, batch_id, **task_kw)):
         for out in run_partition(plan, iter([worker_batch])):
             got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
     return got
@@ -239,4 +249,44 @@ def test_versions_saved_before_the_query_was_recorded_are_trusted(tmp_path: Path
     task._WARM.clear()
     got += _stream_batch(_streaming_plan(loc, "x"), "query-b", 1, batches[1])
     assert got == _running_counts(batches)
+    task._WARM.clear()
+
+
+def test_a_version_written_in_this_execution_is_overwritten_only_by_another_attempt_of_its_operator(
+    tmp_path: Path,
+) -> None:
+    """Within one micro-batch's execution, version b + 1 is written again by a retried or
+    speculative attempt of the same operator (another task attempt), and refused to a second
+    operator sharing the state's name and to a second partition handed to the same attempt."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    plan = _streaming_plan(loc, "w")
+    batches = [_batch(i) for i in range(2)]
+    _stream_batch(plan, "q", 0, batches[0], execution="e0", attempt=1)
+    task._WARM.clear()
+    got = _stream_batch(plan, "q", 0, batches[0], execution="e0", attempt=2)  # a retry: overwrites
+    assert got == _running_counts(batches[:1])
+    task._WARM.clear()
+    with pytest.raises(RuntimeError, match=r"one task was handed two partitions with one index\. The output of apply"):
+        _stream_batch(plan, "q", 0, batches[0], execution="e0", attempt=2)
+    task._WARM.clear()
+    twin = _streaming_plan(loc, "w")  # another apply_with_state with the same location and name
+    with pytest.raises(RuntimeError, match=r"two operators of this query write the state 'op' under .*: give each"):
+        _stream_batch(twin, "q", 0, batches[0], execution="e0", attempt=3)
+    task._WARM.clear()
+    got += _stream_batch(twin, "q", 1, batches[1], execution="e1", attempt=4)  # a later execution: its own
+    assert got == _running_counts(batches)
+    task._WARM.clear()
+
+
+def test_a_partition_index_beyond_the_layout_is_refused(tmp_path: Path) -> None:
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    plan = _streaming_plan(loc, "w")
+    ctx = _Task("q", 0)
+    ctx.partitionId = lambda: 1  # type: ignore[method-assign]  # (a union's second input: 1 of a 1-partition layout)
+    with mock.patch("pyspark.TaskContext.get", return_value=ctx), pytest.raises(
+        RuntimeError, match=r"a task of partition 1 of 1\. The output of apply_with_state shares its Spark stage"
+    ):
+        list(run_partition(plan, iter([_batch(0)])))
     task._WARM.clear()

@@ -14,6 +14,7 @@ retried attempt starts again from version ``b``.
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -57,6 +58,8 @@ class Plan:
     watermark_delay_ms: int = 0
     retain_versions: int = 5
     warm_key: tuple[Any, ...] = field(default=())
+    #: this operator's definition: two operators writing one state are told apart by it
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 @dataclass
@@ -139,6 +142,36 @@ def _times_of(storage: CheckpointStorage, version: int, query: str | None) -> tu
             "checkpoint_location or name, or delete the old state to start over"
         )
     return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
+
+
+#: why a task can be handed rows or a partition index that are not its own
+_MERGED = (
+    "The output of apply_with_state shares its Spark stage with other partitions (a union or coalesce "
+    "right after it?), so a task cannot tell which key groups it holds: write the output as it is, or "
+    "repartition it first"
+)
+
+
+def _check_not_written_in_this_execution(
+    plan: Plan, storage: CheckpointStorage, version: int, writer: dict[str, Any]
+) -> None:
+    """Refuse to overwrite ``version`` when this micro-batch's execution wrote
+    it already from another operator (two sharing a name) or from this very
+    task attempt (a coalesce handing it several partitions under one index). A
+    retried or speculative attempt (another task, the same operator) and a
+    restarted query (another execution) overwrite it, as they must."""
+    if writer["execution"] is None or version not in storage.checkpoints():
+        return
+    meta = storage.manifest(version).get("metadata") or {}
+    if meta.get("execution") != writer["execution"]:
+        return
+    if meta.get("plan") != writer["plan"]:
+        raise RuntimeError(
+            f"cowmap.spark: two operators of this query write the state {plan.location.operator!r} under "
+            f"{plan.location.uri!r}: give each its own name= (it defaults to the processor's class name)"
+        )
+    if meta.get("task") == writer["task"]:
+        raise RuntimeError(f"cowmap.spark: one task was handed two partitions with one index. {_MERGED}")
 
 
 def _query_name(query: str | None) -> str:
@@ -235,9 +268,20 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     partition = tc.partitionId() if tc is not None else 0
     batch_id = _batch_id(plan, tc)
     query = _query_id(plan, tc)
+    if not 0 <= partition < plan.layout.num_partitions:
+        raise RuntimeError(f"cowmap.spark: a task of partition {partition} of {plan.layout.num_partitions}. {_MERGED}")
     kg_range = plan.layout.range_of(partition)
     chunks = [c for c in chunks_in if len(c)]
     batch = _batch_frame(chunks) if chunks else None
+    route = None
+    if batch is not None:
+        route = batch[ROUTE_COLUMN].to_numpy()
+        kgs = route & KG_MASK
+        if kgs.min() < kg_range.start or kgs.max() > kg_range.end:
+            raise RuntimeError(
+                f"cowmap.spark: partition {partition} (key groups {kg_range.start}..{kg_range.end}) got rows of key "
+                f"groups {int(kgs.min())}..{int(kgs.max())}: the rows were not routed to it. {_MERGED}"
+            )
 
     key = (*plan.warm_key, query, plan.layout.id, kg_range.start, kg_range.end)
     warm = _WARM.pop(key, None)
@@ -248,13 +292,7 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     backend = warm.backend
 
     if batch is not None:
-        route = batch[ROUTE_COLUMN].to_numpy()
-        kgs = route & KG_MASK
-        if kgs.min() < kg_range.start or kgs.max() > kg_range.end:
-            raise RuntimeError(
-                f"cowmap.spark: partition {partition} (key groups {kg_range.start}..{kg_range.end}) got rows of key "
-                f"groups {int(kgs.min())}..{int(kgs.max())}: the rows were not routed by this query's plan"
-            )
+        assert route is not None
         warm.timestamp = max(warm.timestamp, int(route[0]) >> KG_BITS)
         batch = batch.drop(columns=[ROUTE_COLUMN])
     warm.clock.ms = warm.timestamp
@@ -291,10 +329,17 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         timers.ctx = None
 
     storage = plan.location.storage(plan.layout, kg_range)
+    writer = {
+        "query": query,
+        "execution": tc.getLocalProperty("spark.sql.execution.query.id") if tc is not None else None,
+        "task": tc.taskAttemptId() if tc is not None else None,
+        "plan": plan.token,
+    }
+    _check_not_written_in_this_execution(plan, storage, batch_id + 1, writer)
     storage.save(
         backend,
         checkpoint_id=batch_id + 1,
-        metadata={"watermark": warm.watermark, "timestamp": warm.timestamp, "query": query},
+        metadata={"watermark": warm.watermark, "timestamp": warm.timestamp, **writer},
         # a stream's next micro-batch starts only once this one is done: a later version can only
         # be the next batch's, which a straggling attempt of this one must not drop
         drop_later=not plan.streaming,
