@@ -174,3 +174,43 @@ def test_a_state_s_own_serializer_sees_its_tuples(tmp_path: Any) -> None:
         storage.restore(dst)
         dst.set_current_key(1)
         assert w.value() == want
+
+
+@pytest.mark.parametrize("kind", ["value", "map", "list"])
+@pytest.mark.parametrize("incremental", [False, True])
+def test_a_value_the_serializer_cannot_write_is_named_with_its_state_and_key(
+    tmp_path: Any, kind: str, incremental: bool
+) -> None:
+    """The serializer's own error, with a note naming the state, the value and its key (the
+    error keeps its type: a caller may look for it)."""
+    import sys
+    import threading
+
+    from cowmap.checkpoint import CheckpointStorage
+    from cowmap.state import KeyedStateBackend, ListStateDescriptor, MapStateDescriptor, ValueStateDescriptor
+
+    b = KeyedStateBackend(max_parallelism=8)
+    if kind == "value":
+        st = b.get_state(ValueStateDescriptor("s"))
+        write = st.update
+    elif kind == "map":
+        st = b.get_map_state(MapStateDescriptor("s"))
+        write = lambda v: st.put("u", v)  # noqa: E731
+    else:
+        st = b.get_list_state(ListStateDescriptor("s"))
+        write = st.add
+    storage = CheckpointStorage(tmp_path)
+    for k in range(20):
+        b.set_current_key(f"key{k}")
+        write(k)
+    if incremental:
+        storage.save(b)
+    b.set_current_key("key7")
+    write(threading.Lock())
+    with pytest.raises(TypeError, match="cannot pickle") as err:
+        storage.save(b, incremental=incremental)
+    if sys.version_info >= (3, 11):
+        (note,) = err.value.__notes__
+        assert note.startswith("while checkpointing state 's': serializer 'pickle5' cannot write ")
+        assert note.endswith(" of key 'key7'") and "_thread.lock" in note
+    assert len(storage.checkpoints()) == (1 if incremental else 0)

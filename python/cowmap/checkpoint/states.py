@@ -347,7 +347,39 @@ def _section(i: int, s: Any, columns: list[Any], runs: Runs) -> Section:
     if not s.ttl:
         columns.pop()  # timestamps: NO_TIMESTAMP (value, map) or None (list) throughout
     sers = column_serializers(s.table.kind, serializer_of(s.live_descriptor))
-    return (i, len(columns[0]), [encode_column(c, ser) for c, ser in zip(columns, sers)], runs)
+    try:
+        return (i, len(columns[0]), [encode_column(c, ser) for c, ser in zip(columns, sers)], runs)
+    except Exception as e:
+        if hasattr(e, "add_note"):  # (Python 3.11+; the error keeps its type: a caller may look for it)
+            e.add_note(_unwritable(s, columns, sers))
+        raise
+
+
+def _unwritable(s: Any, columns: list[Any], sers: list[Serializer]) -> str:
+    """Where a section failed to encode: the first row that a serializer fails
+    on alone (the slow way: only after a failure)."""
+    name = s.live_descriptor.name
+    keys = columns[0]
+    for col, ser in zip(columns, sers):
+        if isinstance(col, np.ndarray):
+            continue
+        values = [col.value] * len(keys) if isinstance(col, Const) else col
+        for row, value in enumerate(values):
+            try:
+                ok = isinstance(ser.dumps(value), bytes)
+            except Exception:  # noqa: BLE001 - any failure of the serializer's is the one looked for
+                ok = False
+            if not ok:
+                return (
+                    f"while checkpointing state {name!r}: serializer {serializer_name(ser)!r} cannot write "
+                    f"{type(value).__name__} {_short(value)} of key {_short(keys[row])}"
+                )
+    return f"while checkpointing state {name!r}"
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _tombstone_columns(kind: str, keys: Any, nss: Any) -> list[Any]:
