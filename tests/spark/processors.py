@@ -193,3 +193,10 @@ class AsyncCount:
 class ReturnsRows(CountPerKey):
     def process(self, batch, ctx):
         return [tuple(r) for r in super().process(batch, ctx).itertuples(index=False)]
+
+
+class SeeWatermark:
+    """Emits, per batch, the watermark the batch began with."""
+
+    def process(self, batch, ctx):
+        return pd.DataFrame({"batch": [ctx.batch_id], "watermark": [ctx.watermark_ms]})

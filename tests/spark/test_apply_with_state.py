@@ -27,6 +27,7 @@ from processors import (
     Raising,
     Reminders,
     ReturnsRows,
+    SeeWatermark,
     Sessions,
     WrongColumns,
     fail_once_downstream,
@@ -320,6 +321,33 @@ def test_event_time_timers_close_sessions(spark, tmp_path) -> None:
     got = _rows(out, "user", "start", "end", "events")
     assert got == _sessions_reference(batches, parts, 64, Sessions.gap_ms)
     assert got  # sessions did close
+
+
+@pytest.mark.parametrize("zone", ["America/New_York", "+05:30", "UTC"])
+def test_a_timestamp_event_time_is_read_in_the_session_time_zone(spark, tmp_path, zone) -> None:
+    """PySpark hands a timestamp column to pandas as wall-clock times of the session's time zone:
+    the watermark is the epoch ms of the latest instant, whatever the zone."""
+    from pyspark.sql import functions as F
+
+    times = [np.array([1_700_000_000_000, 1_700_000_300_000]), np.array([1_700_000_600_000])]
+    s = Stream(spark, tmp_path, "k long, ms long")
+    for t in times:
+        s.add(pd.DataFrame({"k": 1, "ms": t}))
+    before = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", zone)
+    try:
+        df = spark.readStream.schema(s.schema).option("maxFilesPerTrigger", 1).parquet(str(s.src))
+        out = apply_with_state(
+            df.withColumn("ts", F.timestamp_millis("ms")), "k", SeeWatermark, "batch long, watermark long",
+            checkpoint_location=s.state, num_partitions=1, event_time="ts",
+        )
+        q = out.writeStream.format("memory").queryName(f"wm_{abs(hash(zone))}").start()
+        q.processAllAvailable()
+        got = dict(spark.table(f"wm_{abs(hash(zone))}").toPandas().itertuples(index=False))
+        q.stop()
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", before)
+    assert got[1] == times[0].max()
 
 
 def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) -> None:

@@ -13,7 +13,7 @@ from pyspark.sql.types import DataType, StructType
 
 from cowmap._keygroups import spark_type_codes
 from cowmap.spark.layout import Location
-from cowmap.spark.task import KG_BITS, KG_MASK, ROUTE_COLUMN, Plan, run_partition
+from cowmap.spark.task import KG_BITS, KG_MASK, ROUTE_COLUMN, Plan, run_partition, session_zone
 from cowmap.state.keygroups import _check_parallelism, spark_key_hash
 
 __all__ = ["apply_with_state"]
@@ -74,7 +74,9 @@ def apply_with_state(
             class name by default); two operators of one query need two names.
         event_time: a timestamp (or epoch-ms integer) column; with it each
             partition keeps an event-time watermark, the latest event time seen
-            minus ``watermark_delay_ms``, which fires event-time timers after a batch.
+            (in epoch ms: a timestamp is read in the session's time zone, as
+            PySpark hands it over) minus ``watermark_delay_ms``, which fires
+            event-time timers after a batch.
         retain_versions: committed versions kept per key-group range (at least 2:
             a restart may go back one batch).
 
@@ -137,6 +139,7 @@ def apply_with_state(
         streaming=df.isStreaming,
         batch_id=0 if df.isStreaming else location.latest_version(),
         event_time=event_time,
+        time_zone=session_zone(df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"),
         watermark_delay_ms=watermark_delay_ms,
         retain_versions=retain_versions,
         warm_key=(location.uri, operator),
