@@ -190,6 +190,48 @@ def test_an_output_merged_with_other_partitions_in_its_stage_fails_clearly(spark
     assert _rows(out.toPandas(), "k", "n") == _counts_reference([b])
 
 
+def test_foreach_batch_with_its_batch_id_runs_a_failed_batch_again_without_double_counts(spark, tmp_path) -> None:
+    """foreachBatch runs a micro-batch again after a failure: with ``batch_id`` the second run
+    replaces the state its first attempt committed (here the batch function fails after it)."""
+    batches = [_events(80 + i, 300, 40) for i in range(3)]
+    s = Stream(spark, tmp_path, EVENTS)
+    for b in batches:
+        s.add(b)
+    sink = tmp_path / "by-batch"
+    sink.mkdir()
+    failed = tmp_path / "failed-once"
+
+    def each(batch_df, batch_id: int) -> None:
+        out = apply_with_state(
+            batch_df, "k", CountPerKey, COUNTS, checkpoint_location=s.state, num_partitions=2, batch_id=batch_id
+        )
+        out.toPandas().to_parquet(sink / f"batch-{batch_id}.parquet")  # (a sink that replaces a batch's output)
+        if batch_id == 1 and not failed.exists():
+            failed.touch()
+            raise RuntimeError("the batch function failed after its state was committed")
+
+    df = spark.readStream.schema(EVENTS).option("maxFilesPerTrigger", 1).parquet(str(s.src))
+    for attempt in range(2):
+        q = df.writeStream.foreachBatch(each).option("checkpointLocation", s.spark_checkpoint)
+        q = q.trigger(availableNow=True).start()
+        try:
+            if attempt == 0:
+                with pytest.raises(Exception, match="failed after its state was committed"):
+                    q.awaitTermination()
+            else:
+                q.awaitTermination()
+        finally:
+            q.stop()
+    out = pd.concat([pd.read_parquet(sink / f"batch-{i}.parquet") for i in range(3)])
+    assert _rows(out, "k", "n") == _counts_reference(batches)
+    with pytest.raises(ValueError, match="batch_id is for a batch DataFrame"):
+        apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=s.state, batch_id=0)
+    for bad in (-1, True, 1.0):
+        with pytest.raises(ValueError, match="batch_id must be an int >= 0"):
+            apply_with_state(spark.createDataFrame(batches[0], EVENTS), "k", CountPerKey, COUNTS,
+                             checkpoint_location=s.state, batch_id=bad)
+
+
 def test_two_key_columns_make_tuple_keys(spark, tmp_path) -> None:
     r = np.random.default_rng(3)
     batches = [

@@ -34,6 +34,7 @@ def apply_with_state(
     event_time: str | None = None,
     watermark_delay_ms: int = 0,
     retain_versions: int = 5,
+    batch_id: int | None = None,
 ) -> DataFrame:
     """Run ``processor`` over ``df`` (batch or streaming) with Flink-style keyed
     state kept between micro-batches under ``checkpoint_location``.
@@ -79,6 +80,12 @@ def apply_with_state(
             event-time timers after a batch.
         retain_versions: committed versions kept per key-group range (at least 2:
             a restart may go back one batch).
+        batch_id: for a batch (not streaming) ``df``, the run's number: it loads
+            version ``batch_id`` and commits ``batch_id + 1``, so running a
+            number again (``foreachBatch`` after a failure) replaces what its
+            earlier attempt committed instead of counting it twice. By default
+            a batch query goes on from the newest version. A streaming query
+            takes its micro-batch's id from Spark.
 
     Returns the output DataFrame (streaming if ``df`` is).
     """
@@ -115,6 +122,11 @@ def apply_with_state(
         raise ValueError(f"unknown event_time column {event_time!r}; the DataFrame has {list(fields)}")
     if not isinstance(watermark_delay_ms, int) or watermark_delay_ms < 0:
         raise ValueError(f"watermark_delay_ms must be an int >= 0, got {watermark_delay_ms!r}")
+    if batch_id is not None:
+        if df.isStreaming:
+            raise ValueError("batch_id is for a batch DataFrame: a streaming query takes its micro-batch id from Spark")
+        if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
+            raise ValueError(f"batch_id must be an int >= 0, got {batch_id!r}")
     if not isinstance(retain_versions, int) or retain_versions < 2:
         raise ValueError(f"retain_versions must be an int >= 2, got {retain_versions!r}")
     if ROUTE_COLUMN in fields:
@@ -137,7 +149,7 @@ def apply_with_state(
         processor=processor,
         out_columns=out_schema.fieldNames(),
         streaming=df.isStreaming,
-        batch_id=0 if df.isStreaming else location.latest_version(),
+        batch_id=0 if df.isStreaming else location.latest_version() if batch_id is None else batch_id,
         event_time=event_time,
         time_zone=session_zone(df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"),
         watermark_delay_ms=watermark_delay_ms,
