@@ -51,8 +51,11 @@ def test_bad_columns_and_null_keys_are_clear_errors() -> None:
         rows["nope"]
     with pytest.raises(TypeError, match="needs a numeric column"):
         rows.sum("s")
-    with pytest.raises(ValueError, match="holds a null"):
-        list(group_rows(pd.DataFrame({"k": [1.0, np.nan]}), ["k"], lambda k: None))
+    for null in (np.nan, None):
+        with pytest.raises(ValueError, match="holds a null or a NaN: keys must not be null"):
+            list(group_rows(pd.DataFrame({"k": [1.0, null]}), ["k"], lambda k: None))
+        with pytest.raises(ValueError, match="holds a null or a NaN"):
+            list(group_rows(pd.DataFrame({"k": [1.0, 2.0], "s": ["a", null]}), ["k", "s"], lambda k: None))
     assert list(group_rows(frame.iloc[:0], ["k"], lambda k: None)) == []
 
 

@@ -28,12 +28,18 @@ def _factorize(frame: pd.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, li
     by code: scalars for one key column, tuples for several."""
     if len(keys) == 1:
         codes, uniques = pd.factorize(frame[keys[0]], sort=False, use_na_sentinel=True)
+        null = len(codes) > 0 and codes.min() < 0
         values = uniques.tolist() if hasattr(uniques, "tolist") else list(uniques)
     else:
-        codes, uniques = pd.MultiIndex.from_frame(frame[list(keys)]).factorize(sort=False)
+        key_frame = frame[list(keys)]
+        null = bool(key_frame.isna().to_numpy().any())  # (a MultiIndex codes a null as any other value)
+        codes, uniques = pd.MultiIndex.from_frame(key_frame).factorize(sort=False)
         values = [tuple(_plain(v) for v in t) for t in uniques.tolist()]
-    if len(codes) and codes.min() < 0:
-        raise ValueError(f"a key column ({', '.join(keys)}) holds a null: keys must not be null")
+    if null:
+        raise ValueError(
+            f"a key column ({', '.join(keys)}) holds a null or a NaN: keys must not be null, and a NaN "
+            "(which equals no other NaN in Python) cannot find its state again"
+        )
     return codes, values
 
 
