@@ -300,30 +300,31 @@ def test_a_partition_index_beyond_the_layout_is_refused(tmp_path: Path) -> None:
     ],
 )
 def test_a_session_time_zone_places_wall_clock_times(name: str, offset_ms: int) -> None:
-    from cowmap.spark.task import _event_time_ms, session_zone
+    from cowmap.spark.event_time import event_time_ms, session_zone
 
     wall = pd.Series(pd.to_datetime([1_700_000_000_000, 1_700_000_500_000], unit="ms"))
-    assert _event_time_ms(wall, session_zone(name)) == 1_700_000_500_000 - offset_ms
+    assert event_time_ms(wall, session_zone(name)) == 1_700_000_500_000 - offset_ms
 
 
 def test_event_times_across_a_change_of_clock_and_with_nulls() -> None:
-    from cowmap.spark.task import NO_WATERMARK, _event_time_ms, session_zone
+    from cowmap.spark.event_time import event_time_ms, session_zone
+    from cowmap.state import NO_WATERMARK
 
     ny = session_zone("America/New_York")
     # 01:30 on 2023-11-05 happens twice in New York: the earlier instant (summer time, UTC-4) is taken
-    assert _event_time_ms(pd.Series(pd.to_datetime(["2023-11-05 01:30"])), ny) == 1_699_162_200_000
+    assert event_time_ms(pd.Series(pd.to_datetime(["2023-11-05 01:30"])), ny) == 1_699_162_200_000
     # 02:30 on 2023-03-12 does not happen there: moved to the next time that does (03:00, UTC-4)
-    assert _event_time_ms(pd.Series(pd.to_datetime(["2023-03-12 02:30"])), ny) == 1_678_604_400_000
+    assert event_time_ms(pd.Series(pd.to_datetime(["2023-03-12 02:30"])), ny) == 1_678_604_400_000
     aware = pd.Series(pd.to_datetime([1_700_000_000_000], unit="ms", utc=True))
-    assert _event_time_ms(aware, ny) == 1_700_000_000_000  # (a zone of its own: kept)
-    assert _event_time_ms(pd.Series(pd.to_datetime([None, None])), ny) == NO_WATERMARK
-    assert _event_time_ms(pd.Series([None, None], dtype="float64"), ny) == NO_WATERMARK
-    assert _event_time_ms(pd.Series([5.0, None, 7.0]), ny) == 7
-    assert _event_time_ms(pd.Series([5, None, 7], dtype="Int64"), ny) == 7
+    assert event_time_ms(aware, ny) == 1_700_000_000_000  # (a zone of its own: kept)
+    assert event_time_ms(pd.Series(pd.to_datetime([None, None])), ny) == NO_WATERMARK
+    assert event_time_ms(pd.Series([None, None], dtype="float64"), ny) == NO_WATERMARK
+    assert event_time_ms(pd.Series([5.0, None, 7.0]), ny) == 7
+    assert event_time_ms(pd.Series([5, None, 7], dtype="Int64"), ny) == 7
 
 
 def test_an_unknown_session_time_zone_is_named() -> None:
-    from cowmap.spark.task import session_zone
+    from cowmap.spark.event_time import session_zone
 
     with pytest.raises(ValueError, match="the session time zone 'Mars/Olympus' is not one pandas knows"):
         session_zone("Mars/Olympus")

@@ -12,8 +12,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
 from cowmap._keygroups import spark_type_codes
+from cowmap.spark.event_time import session_zone
 from cowmap.spark.layout import Location
-from cowmap.spark.task import KG_BITS, KG_MASK, ROUTE_COLUMN, Plan, run_partition, session_zone
+from cowmap.spark.task import KG_BITS, KG_MASK, ROUTE_COLUMN, Plan, run_partition
 from cowmap.state.keygroups import _check_parallelism, spark_key_hash
 
 __all__ = ["apply_with_state"]

@@ -14,12 +14,11 @@ retried attempt starts again from version ``b``.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta, timezone, tzinfo
+from datetime import timezone, tzinfo
 from typing import Any
 
 import pandas as pd
@@ -27,10 +26,11 @@ import pandas as pd
 from cowmap._core import ManualClock
 from cowmap.checkpoint import CheckpointStorage
 from cowmap.spark.context import StateContext
+from cowmap.spark.event_time import event_time_ms
 from cowmap.spark.layout import Layout, Location
 from cowmap.state import NO_WATERMARK, KeyedStateBackend, KeyGroupRange, TimeDomain
 
-__all__ = ["KG_BITS", "KG_MASK", "ROUTE_COLUMN", "Plan", "run_partition", "session_zone"]
+__all__ = ["KG_BITS", "KG_MASK", "ROUTE_COLUMN", "Plan", "run_partition"]
 
 #: the column the query adds before the shuffle: the batch time (ms) shifted left
 #: by KG_BITS, plus the row's key group (max_parallelism is at most 2**15). One
@@ -256,42 +256,6 @@ def _batch_frame(chunks: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(chunks, ignore_index=True)
 
 
-def _event_time_ms(col: pd.Series, zone: tzinfo | str) -> int:
-    """The latest event time of a column, in epoch ms (NO_WATERMARK if all null).
-    PySpark hands a timestamp column over as wall-clock times of the session's
-    time zone ``zone``, without a zone: they are placed in it first (the earlier
-    instant of a wall-clock time that a change to winter time repeats)."""
-    latest = col.max()
-    if pd.isna(latest):
-        return NO_WATERMARK
-    if isinstance(latest, pd.Timestamp):
-        if latest.tzinfo is None:
-            latest = latest.tz_localize(zone, ambiguous=True, nonexistent="shift_forward")
-        return int(latest.value // 1_000_000)
-    return int(latest)
-
-
-_OFFSET = re.compile(r"^(?:UTC|GMT|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d{2}))?$")
-
-
-def session_zone(name: str) -> tzinfo | str:
-    """A Spark session time zone (a region such as ``America/New_York``, ``UTC``,
-    ``Z``, or an offset such as ``+05:30``, ``-08`` or ``GMT+01:00``) as pandas
-    takes it; ``ValueError`` naming it when it is none of these."""
-    if name in ("Z", "UTC", "GMT", "UT"):
-        return timezone.utc
-    m = _OFFSET.match(name)
-    if m:
-        sign = -1 if m.group(1) == "-" else 1
-        h, mi, se = (int(g or 0) for g in m.group(2, 3, 4))
-        return timezone(sign * timedelta(hours=h, minutes=mi, seconds=se))
-    try:
-        pd.Timestamp(0).tz_localize(name)
-    except Exception as e:  # noqa: BLE001 - zoneinfo's and pandas' several errors alike
-        raise ValueError(f"the session time zone {name!r} is not one pandas knows: {e}") from None
-    return name
-
-
 def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
     """The ``mapInPandas`` function: this partition's rows of one micro-batch in,
     the processor's output out, then the state committed as the next version."""
@@ -324,8 +288,7 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         warm = _load(plan, kg_range, batch_id, query)
     backend = warm.backend
 
-    if batch is not None:
-        assert route is not None
+    if batch is not None and route is not None:
         warm.timestamp = max(warm.timestamp, int(route[0]) >> KG_BITS)
         batch = batch.drop(columns=[ROUTE_COLUMN])
     warm.clock.ms = warm.timestamp
@@ -343,7 +306,7 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         if batch is not None:
             yield from _outputs(processor.process(batch, ctx), plan.out_columns, "process")
             if plan.event_time is not None:
-                latest = _event_time_ms(batch[plan.event_time], plan.time_zone)
+                latest = event_time_ms(batch[plan.event_time], plan.time_zone)
                 if latest != NO_WATERMARK:
                     warm.watermark = max(warm.watermark, latest - plan.watermark_delay_ms)
         for name in backend.timer_service_names():
