@@ -214,3 +214,25 @@ def test_a_value_the_serializer_cannot_write_is_named_with_its_state_and_key(
         assert note.startswith("while checkpointing state 's': serializer 'pickle5' cannot write ")
         assert note.endswith(" of key 'key7'") and "_thread.lock" in note
     assert len(storage.checkpoints()) == (1 if incremental else 0)
+
+
+def test_a_value_whose_repr_fails_too_keeps_the_serializers_error(tmp_path: Any) -> None:
+    import sys
+
+    from cowmap.checkpoint import CheckpointStorage
+    from cowmap.state import KeyedStateBackend, ValueStateDescriptor
+
+    class Hostile:
+        def __reduce__(self):
+            raise TypeError("no pickling this")
+
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr either")
+
+    b = KeyedStateBackend(max_parallelism=8)
+    b.set_current_key("k")
+    b.get_state(ValueStateDescriptor("s")).update(Hostile())
+    with pytest.raises(TypeError, match="no pickling this") as err:
+        CheckpointStorage(tmp_path).save(b)
+    if sys.version_info >= (3, 11):
+        assert err.value.__notes__ == ["while checkpointing state 's'"]

@@ -365,28 +365,43 @@ def test_event_time_timers_close_sessions(spark, tmp_path) -> None:
     assert got  # sessions did close
 
 
-@pytest.mark.parametrize("zone", ["America/New_York", "+05:30", "UTC"])
-def test_a_timestamp_event_time_is_read_in_the_session_time_zone(spark, tmp_path, zone) -> None:
+@pytest.mark.parametrize(
+    ("zone", "ntz"), [("America/New_York", False), ("+05:30", False), ("UTC", False), ("America/New_York", True)]
+)
+def test_a_timestamp_event_time_is_read_in_the_session_time_zone(spark, tmp_path, zone, ntz) -> None:
     """PySpark hands a timestamp column to pandas as wall-clock times of the session's time zone:
-    the watermark is the epoch ms of the latest instant, whatever the zone."""
+    the watermark is the epoch ms of the latest instant, whatever the zone. A timestamp_ntz is a
+    wall-clock time of no zone: it is taken as UTC's. A zone pandas does not know is refused when
+    the query is made, and only when it matters: with a timestamp event_time."""
     from pyspark.sql import functions as F
 
     times = [np.array([1_700_000_000_000, 1_700_000_300_000]), np.array([1_700_000_600_000])]
-    s = Stream(spark, tmp_path, "k long, ms long")
+    # a timestamp_ntz column: the UTC instants' wall-clock figures, written by pandas as zone-less times
+    s = Stream(spark, tmp_path, "k long, ms long" + (", ts timestamp_ntz" if ntz else ""))
     for t in times:
-        s.add(pd.DataFrame({"k": 1, "ms": t}))
+        s.add(pd.DataFrame({"k": 1, "ms": t, **({"ts": pd.to_datetime(t, unit="ms")} if ntz else {})}))
     before = spark.conf.get("spark.sql.session.timeZone")
     spark.conf.set("spark.sql.session.timeZone", zone)
     try:
         df = spark.readStream.schema(s.schema).option("maxFilesPerTrigger", 1).parquet(str(s.src))
+        if not ntz:
+            df = df.withColumn("ts", F.timestamp_millis("ms"))
         out = apply_with_state(
-            df.withColumn("ts", F.timestamp_millis("ms")), "k", SeeWatermark, "batch long, watermark long",
+            df, "k", SeeWatermark, "batch long, watermark long",
             checkpoint_location=s.state, num_partitions=1, event_time="ts",
         )
-        q = out.writeStream.format("memory").queryName(f"wm_{abs(hash(zone))}").start()
+        table = f"wm_{tmp_path.name}".replace("-", "_")
+        q = out.writeStream.format("memory").queryName(table).start()
         q.processAllAvailable()
-        got = dict(spark.table(f"wm_{abs(hash(zone))}").toPandas().itertuples(index=False))
+        got = dict(spark.table(table).toPandas().itertuples(index=False))
         q.stop()
+        spark.conf.set("spark.sql.session.timeZone", "PST")  # (Java's short name: Spark takes it, pandas does not)
+        apply_with_state(df, "k", SeeWatermark, "batch long, watermark long", checkpoint_location=s.state)
+        if not ntz:
+            with pytest.raises(ValueError, match="the session time zone 'PST' is not one pandas knows"):
+                apply_with_state(
+                    df, "k", SeeWatermark, "batch long, watermark long", checkpoint_location=s.state, event_time="ts"
+                )
     finally:
         spark.conf.set("spark.sql.session.timeZone", before)
     assert got[1] == times[0].max()

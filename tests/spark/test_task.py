@@ -328,3 +328,57 @@ def test_an_unknown_session_time_zone_is_named() -> None:
 
     with pytest.raises(ValueError, match="the session time zone 'Mars/Olympus' is not one pandas knows"):
         session_zone("Mars/Olympus")
+
+
+def test_a_new_query_is_refused_on_another_querys_state_under_another_number_of_partitions(tmp_path: Path) -> None:
+    """The new query's layout (another number of partitions) has no versions yet, but the
+    layout before it holds the other query's: its first micro-batch is refused all the same."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    _stream_batch(_streaming_plan(loc, "w"), "query-a", 0, _batch(0))
+    wider = loc.use(2, 64, "spark-murmur3-42:bigint")
+    plan = Plan(loc, wider, ["k"], ["bigint"], CountPerKey, ["k", "n"], True, 0, warm_key=("x",))
+    mine = _batch(1)
+    mine = mine[(mine[ROUTE_COLUMN] & ((1 << KG_BITS) - 1)) < 32]  # partition 0 of 2's rows
+    with pytest.raises(RuntimeError, match=r"written by streaming query query-a, not by this one"):
+        _stream_batch(plan, "query-b", 0, mine)
+    task._WARM.clear()
+
+
+def test_a_commit_over_another_querys_version_is_refused(tmp_path: Path) -> None:
+    """Two queries that both passed their first load before either committed (started at once,
+    each then warm): the second to commit a version is refused instead of overwriting it."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    plan = _streaming_plan(loc, "w")
+    kg_range = plan.layout.range_of(0)
+    early = task._load(plan, kg_range, 0, "query-b")  # query-b's first load, before query-a commits
+    _stream_batch(plan, "query-a", 0, _batch(0))
+    task._WARM.clear()
+    task._WARM[("w", "query-b", plan.layout.id, kg_range.start, kg_range.end)] = early
+    storage = loc.storage(plan.layout, kg_range)
+    before = storage.manifest(1)
+    with pytest.raises(RuntimeError, match=r"\(version 1\) was written by streaming query query-a, not by this one"):
+        _stream_batch(plan, "query-b", 0, _batch(1))
+    assert storage.manifest(1) == before
+    task._WARM.clear()
+
+
+def test_a_batch_query_in_foreach_batch_belongs_to_its_streaming_query(tmp_path: Path) -> None:
+    """Inside foreachBatch a batch DataFrame's tasks carry the streaming query's id: its versions
+    are that query's, and a new query (a new Spark checkpoint) starting over them is refused."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+
+    def plan(batch_id: int, worker: str) -> Plan:
+        return Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, batch_id, warm_key=(worker,))
+
+    got = _stream_batch(plan(0, "w"), "query-a", 0, _batch(0))
+    got += _stream_batch(plan(1, "w"), "query-a", 1, _batch(1))
+    assert got == _running_counts([_batch(0), _batch(1)])
+    assert loc.storage(layout, layout.range_of(0)).manifest(2)["metadata"]["query"] == "query-a"
+    task._WARM.clear()
+    with pytest.raises(RuntimeError, match=r"written by streaming query query-a, not by this one \(streaming query"):
+        _stream_batch(plan(0, "x"), "query-b", 0, _batch(2))
+    task._WARM.clear()

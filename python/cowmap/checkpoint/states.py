@@ -351,7 +351,11 @@ def _section(i: int, s: Any, columns: list[Any], runs: Runs) -> Section:
         return (i, len(columns[0]), [encode_column(c, ser) for c, ser in zip(columns, sers)], runs)
     except Exception as e:
         if hasattr(e, "add_note"):  # (Python 3.11+; the error keeps its type: a caller may look for it)
-            e.add_note(_unwritable(s, columns, sers))
+            try:
+                note = _unwritable(s, columns, sers)
+            except Exception:  # noqa: BLE001 - (a repr that fails too): the serializer's error goes on as it is
+                note = f"while checkpointing state {s.live_descriptor.name!r}"
+            e.add_note(note)
         raise
 
 

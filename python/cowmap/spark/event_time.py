@@ -34,7 +34,8 @@ _OFFSET = re.compile(r"^(?:UTC|GMT|UT)?([+-])(\d{1,2})(?::?(\d{2}))?(?::?(\d{2})
 def session_zone(name: str) -> tzinfo | str:
     """A Spark session time zone (a region such as ``America/New_York``, ``UTC``,
     ``Z``, or an offset such as ``+05:30``, ``-08`` or ``GMT+01:00``) as pandas
-    takes it; ``ValueError`` naming it when it is none of these."""
+    takes it; ``ValueError`` naming it when it is none of these (such as Java's
+    short names, ``PST``: PySpark cannot hand over timestamps in them either)."""
     if name in ("Z", "UTC", "GMT", "UT"):
         return timezone.utc
     m = _OFFSET.match(name)

@@ -129,6 +129,15 @@ class Location:
     def storage(self, layout: Layout, kg_range: KeyGroupRange) -> CheckpointStorage:
         return CheckpointStorage(self._path(f"L{layout.id:06d}", f"kg-{kg_range.start:05d}-{kg_range.end:05d}"))
 
+    def overlapping(self, layout: Layout, kg_range: KeyGroupRange) -> list[CheckpointStorage]:
+        """The storages of ``layout`` and the layouts before it that hold key groups of ``kg_range``."""
+        return [
+            self.storage(old, r)
+            for old in self.layouts[: self.layouts.index(layout) + 1]
+            for r in old.ranges()
+            if r.intersection(kg_range)
+        ]
+
     def sources(self, layout: Layout, kg_range: KeyGroupRange, version: int) -> list[CheckpointStorage]:
         """The storages holding ``version`` of the key groups of ``kg_range``
         (the range's own when it has it), newest layout first; ``FileNotFoundError``

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Sequence
+from datetime import timezone, tzinfo
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -121,6 +122,9 @@ def apply_with_state(
         raise ValueError(f"num_partitions {num_partitions} exceeds max_parallelism {max_parallelism}")
     if event_time is not None and event_time not in fields:
         raise ValueError(f"unknown event_time column {event_time!r}; the DataFrame has {list(fields)}")
+    zone: tzinfo | str = timezone.utc  # (a timestamp_ntz's wall-clock times are in no zone: taken as UTC's)
+    if event_time is not None and fields[event_time].dataType.simpleString() == "timestamp":
+        zone = session_zone(df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC")
     if not isinstance(watermark_delay_ms, int) or watermark_delay_ms < 0:
         raise ValueError(f"watermark_delay_ms must be an int >= 0, got {watermark_delay_ms!r}")
     if batch_id is not None:
@@ -152,7 +156,7 @@ def apply_with_state(
         streaming=df.isStreaming,
         batch_id=0 if df.isStreaming else location.latest_version() if batch_id is None else batch_id,
         event_time=event_time,
-        time_zone=session_zone(df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC"),
+        time_zone=zone,
         watermark_delay_ms=watermark_delay_ms,
         retain_versions=retain_versions,
         warm_key=(location.uri, operator),

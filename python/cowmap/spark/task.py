@@ -86,12 +86,11 @@ def _batch_id(plan: Plan, tc: Any) -> int:
     return int(raw)
 
 
-def _query_id(plan: Plan, tc: Any) -> str | None:
+def _query_id(tc: Any) -> str | None:
     """The streaming query's id (Spark keeps it across the query's restarts; a
-    new Spark checkpoint makes a new query), None for a batch query."""
-    if not plan.streaming or tc is None:
-        return None
-    return tc.getLocalProperty("sql.streaming.queryId")
+    new Spark checkpoint makes a new query), also for a batch query run in its
+    ``foreachBatch``; None for another batch query."""
+    return tc.getLocalProperty("sql.streaming.queryId") if tc is not None else None
 
 
 def _load(plan: Plan, kg_range: KeyGroupRange, version: int, query: str | None) -> _Warm:
@@ -101,12 +100,13 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int, query: str | None) 
     )
     warm = _Warm(backend, clock, version, NO_WATERMARK, 0)
     if version == 0:
-        # the empty state: refused where another query's versions already are, which this one's
-        # commits would overwrite and its retention delete
-        storage = plan.location.storage(plan.layout, kg_range)
-        newest = storage.latest()
-        if newest is not None:
-            _times_of(storage, newest, query)
+        # the empty state: refused where another query's versions of these key groups already are
+        # (under any number of partitions), which this one's commits would overwrite, or its
+        # retention delete, or a restart of the other would be handed
+        for storage in plan.location.overlapping(plan.layout, kg_range):
+            newest = storage.latest()
+            if newest is not None:
+                _times_of(storage, newest, query)
         return warm
     marks, times = [], []
     for storage in plan.location.sources(plan.layout, kg_range, version):
@@ -137,6 +137,11 @@ def _times_of(storage: CheckpointStorage, version: int, query: str | None) -> tu
     """The watermark and batch time a committed version was saved with;
     ``RuntimeError`` if another query (``query``: this one's) wrote it."""
     meta = storage.manifest(version).get("metadata") or {}
+    _check_query(storage, version, meta, query)
+    return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
+
+
+def _check_query(storage: CheckpointStorage, version: int, meta: dict[str, Any], query: str | None) -> None:
     if "query" in meta and meta["query"] != query:  # (a version without it predates the record: trusted)
         raise RuntimeError(
             f"cowmap.spark: the state in {storage.uri!r} (version {version}) was written by "
@@ -144,7 +149,6 @@ def _times_of(storage: CheckpointStorage, version: int, query: str | None) -> tu
             "checkpoint is a new query, and two queries must not share a state: give this one its own "
             "checkpoint_location or name, or delete the old state to start over"
         )
-    return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
 
 
 #: why a task can be handed rows or a partition index that are not its own
@@ -158,15 +162,17 @@ _MERGED = (
 def _check_not_written_in_this_execution(
     plan: Plan, storage: CheckpointStorage, version: int, writer: dict[str, Any]
 ) -> None:
-    """Refuse to overwrite ``version`` when this micro-batch's execution wrote
-    it already from another operator (two sharing a name) or from this very
-    task attempt (a coalesce handing it several partitions under one index). A
-    retried or speculative attempt (another task, the same operator) and a
-    restarted query (another execution) overwrite it, as they must."""
-    if writer["execution"] is None or version not in storage.checkpoints():
+    """Refuse to overwrite ``version`` when another query wrote it (two running
+    on one state), or this micro-batch's execution did already from another
+    operator (two sharing a name) or from this very task attempt (a coalesce
+    handing it several partitions under one index). A retried or speculative
+    attempt (another task, the same operator) and a restarted query (another
+    execution) overwrite it, as they must."""
+    if version not in storage.checkpoints():
         return
     meta = storage.manifest(version).get("metadata") or {}
-    if meta.get("execution") != writer["execution"]:
+    _check_query(storage, version, meta, writer["query"])
+    if writer["execution"] is None or meta.get("execution") != writer["execution"]:
         return
     if meta.get("plan") != writer["plan"]:
         raise RuntimeError(
@@ -264,7 +270,7 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     tc = TaskContext.get()
     partition = tc.partitionId() if tc is not None else 0
     batch_id = _batch_id(plan, tc)
-    query = _query_id(plan, tc)
+    query = _query_id(tc)
     if not 0 <= partition < plan.layout.num_partitions:
         raise RuntimeError(f"cowmap.spark: a task of partition {partition} of {plan.layout.num_partitions}. {_MERGED}")
     kg_range = plan.layout.range_of(partition)
