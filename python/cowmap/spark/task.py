@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from cowmap._core import ManualClock
-from cowmap.checkpoint import CheckpointStorage
+from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError
 from cowmap.spark.context import StateContext
 from cowmap.spark.event_time import event_time_ms
 from cowmap.spark.layout import Layout, Location
@@ -168,9 +168,10 @@ def _check_not_written_in_this_execution(
     handing it several partitions under one index). A retried or speculative
     attempt (another task, the same operator) and a restarted query (another
     execution) overwrite it, as they must."""
-    if version not in storage.checkpoints():
-        return
-    meta = storage.manifest(version).get("metadata") or {}
+    try:  # (one read, no listing: absent on the way on, present only for a retry or a conflict)
+        meta = storage.manifest(version).get("metadata") or {}
+    except (FileNotFoundError, CorruptCheckpointError):
+        return  # (nothing readable to keep: written over)
     _check_query(storage, version, meta, writer["query"])
     if writer["execution"] is None or meta.get("execution") != writer["execution"]:
         return
