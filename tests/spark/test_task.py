@@ -26,6 +26,17 @@ def _batch(seed: int, n: int = 200) -> pd.DataFrame:
     return pd.DataFrame({"k": keys, "v": keys, ROUTE_COLUMN: ((1_000 + seed) << KG_BITS) + kgs.astype(np.int64)})
 
 
+def _running_counts(batches: list[pd.DataFrame]) -> Counter:
+    """(key, running count after the batch) for every key of every batch."""
+    want: Counter = Counter()
+    total: Counter = Counter()
+    for b in batches:
+        for k, n in b.groupby("k").size().items():
+            total[k] += n
+            want[(k, total[k])] += 1
+    return want
+
+
 def test_a_worker_a_batch_behind_catches_up_by_the_increment(tmp_path: Path) -> None:
     task._WARM.clear()
     loc = Location(str(tmp_path), "op")
@@ -42,13 +53,7 @@ def test_a_worker_a_batch_behind_catches_up_by_the_increment(tmp_path: Path) -> 
             for out in run_partition(plan(worker, b), iter([batches[b]])):
                 got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
     assert load.call_count == 2  # the first batch of each worker; worker a caught up, then was warm
-    want: Counter = Counter()
-    total: Counter = Counter()
-    for b in batches:
-        for k, n in b.groupby("k").size().items():
-            total[k] += n
-            want[(k, total[k])] += 1
-    assert got == want
+    assert got == _running_counts(batches)
     task._WARM.clear()
 
 
@@ -144,16 +149,6 @@ def _stream_batch(plan: Plan, query: str, batch_id: int, worker_batch: pd.DataFr
         for out in run_partition(plan, iter([worker_batch])):
             got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
     return got
-
-
-def _running_counts(batches: list[pd.DataFrame]) -> Counter:
-    want: Counter = Counter()
-    total: Counter = Counter()
-    for b in batches:
-        for k, n in b.groupby("k").size().items():
-            total[k] += n
-            want[(k, total[k])] += 1
-    return want
 
 
 def _streaming_plan(loc: Location, worker: str) -> Plan:
