@@ -432,6 +432,14 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
             apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, name=bad)
     with pytest.raises(ValueError, match="retain_versions"):
         apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, retain_versions=1)
+
+    class Needs(CountPerKey):
+        def __init__(self, limit: int) -> None:
+            self.limit = limit
+
+    with pytest.raises(TypeError, match=r"processor '.*Needs' must be callable with no arguments .*functools.partial"):
+        apply_with_state(df, "k", Needs, COUNTS, checkpoint_location=loc)
+    apply_with_state(df, "k", functools.partial(Needs, 3), COUNTS, checkpoint_location=loc, name="needs")
     got = _rows(
         apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2).toPandas(), "k", "n"
     )

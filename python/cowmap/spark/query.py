@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import re
 from collections.abc import Sequence
 from datetime import timezone, tzinfo
@@ -113,6 +114,15 @@ def apply_with_state(
         raise TypeError(f"processor must be a class (or callable) making the processor, not {type(processor).__name__}")
     if not callable(getattr(processor, "process", None)) and isinstance(processor, type):
         raise TypeError(f"processor {processor.__name__} has no process(batch, ctx) method")
+    try:
+        inspect.signature(processor).bind()
+    except TypeError as e:  # (found here, not as each task's error)
+        raise TypeError(
+            f"processor {getattr(processor, '__qualname__', processor)!r} must be callable with no arguments "
+            f"(each task makes its own): {e}; bind them with functools.partial"
+        ) from None
+    except ValueError:
+        pass  # (a callable without a signature to read)
     out_schema = _schema(schema)
     _check_parallelism("max_parallelism", max_parallelism)
     if num_partitions is None:
