@@ -377,3 +377,16 @@ def test_a_batch_query_in_foreach_batch_belongs_to_its_streaming_query(tmp_path:
     with pytest.raises(RuntimeError, match=r"written by streaming query query-a, not by this one \(streaming query"):
         _stream_batch(plan(0, "x"), "query-b", 0, _batch(2))
     task._WARM.clear()
+
+
+def test_a_version_that_no_run_committed_is_named(tmp_path: Path) -> None:
+    """A batch query given batch_id=2 whose run of batch_id=1 never happened (or a state directory
+    deleted under a running query) fails naming the version and both causes."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    plan = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, 2, warm_key=("w",))
+    with pytest.raises(FileNotFoundError, match=r"no state of version 2 for key groups 0\.\.63 .*deleted or replaced\? "
+                       r"or, given batch_id=2, did the run of batch_id=1 not happen\?"):
+        list(run_partition(plan, iter([_batch(0)])))
+    task._WARM.clear()

@@ -155,5 +155,6 @@ class Location:
         raise FileNotFoundError(
             f"no state of version {version} for key groups {kg_range.start}..{kg_range.end} under "
             f"{self._path()!r}: the query's checkpoint is ahead of its state (was the state directory "
-            f"deleted or replaced?)"
+            f"deleted or replaced? or, given batch_id={version}, did the run of batch_id={version - 1} not "
+            f"happen? every batch id from 0 on needs its run)"
         )
