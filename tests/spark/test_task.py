@@ -124,11 +124,14 @@ class _Task:
     """A streaming task's TaskContext: partition 0 of micro-batch ``batch`` of query ``query``
     (the batch's SQL execution ``execution``), attempt ``attempt``."""
 
-    def __init__(self, query: str, batch: int, execution: str | None = None, attempt: int = 0) -> None:
+    def __init__(
+        self, query: str, batch: int, execution: str | None = None, attempt: int = 0, run: str | None = None
+    ) -> None:
         self.props = {
             "sql.streaming.queryId": query,
             "streaming.sql.batchId": str(batch),
             "spark.sql.execution.query.id": execution or f"{query}-{batch}",
+            "spark.jobGroup.id": run or f"{query}-run",
         }
         self.attempt = attempt
 
@@ -151,9 +154,11 @@ def _stream_batch(plan: Plan, query: str, batch_id: int, worker_batch: pd.DataFr
     return got
 
 
-def _streaming_plan(loc: Location, worker: str) -> Plan:
+def _streaming_plan(loc: Location, worker: str, token: str = "op") -> Plan:
+    """Streaming operator ``token``'s plan as Python worker ``worker`` holds it (one operator
+    definition a run of a query: its plan is made once)."""
     layout = loc.use(1, 64, "spark-murmur3-42:bigint")
-    return Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], True, 0, warm_key=(worker,))
+    return Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], True, 0, warm_key=(worker,), token=token)
 
 
 def test_a_new_query_on_another_querys_state_is_refused_and_leaves_it_intact(tmp_path: Path) -> None:
@@ -191,7 +196,7 @@ def test_a_version_of_another_query_is_refused_on_restore_and_on_catch_up(tmp_pa
         _stream_batch(_streaming_plan(loc, "z"), "query-b", 2, batches[2])  # a restore
     # a warm backend of query-b a version behind, caught up by query-a's increment
     _, warm = task._WARM.popitem(last=False)
-    task._WARM[("w", "query-b", 1, 0, 63)] = warm
+    task._WARM[("w", "query-b", "op", 1, 0, 63)] = warm
     with pytest.raises(RuntimeError, match=r"\(version 2\) was written by streaming query query-a"):
         _stream_batch(_streaming_plan(loc, "w"), "query-b", 2, batches[2])
     task._WARM.clear()
@@ -265,11 +270,15 @@ def test_a_version_written_in_this_execution_is_overwritten_only_by_another_atte
     with pytest.raises(RuntimeError, match=r"one task was handed two partitions with one index\. The output of apply"):
         _stream_batch(plan, "q", 0, batches[0], execution="e0", attempt=2)
     task._WARM.clear()
-    twin = _streaming_plan(loc, "w")  # another apply_with_state with the same location and name
+    twin = _streaming_plan(loc, "w", token="twin")  # another apply_with_state with the same location and name
     with pytest.raises(RuntimeError, match=r"two operators of this query write the state 'op' under .*: give each"):
         _stream_batch(twin, "q", 0, batches[0], execution="e0", attempt=3)
     task._WARM.clear()
-    got += _stream_batch(twin, "q", 1, batches[1], execution="e1", attempt=4)  # a later execution: its own
+    with pytest.raises(RuntimeError, match=r"two operators of this query write the state 'op'"):  # and on reading
+        _stream_batch(twin, "q", 1, batches[1], execution="e1", attempt=4)
+    task._WARM.clear()
+    # the query restarted (a new run, its operator defined again): the versions of its last run are its own
+    got += _stream_batch(twin, "q", 1, batches[1], execution="e2", attempt=5, run="q-run-2")
     assert got == _running_counts(batches)
     task._WARM.clear()
 
@@ -350,7 +359,7 @@ def test_a_commit_over_another_querys_version_is_refused(tmp_path: Path) -> None
     early = task._load(plan, kg_range, 0, "query-b")  # query-b's first load, before query-a commits
     _stream_batch(plan, "query-a", 0, _batch(0))
     task._WARM.clear()
-    task._WARM[("w", "query-b", plan.layout.id, kg_range.start, kg_range.end)] = early
+    task._WARM[("w", "query-b", "op", plan.layout.id, kg_range.start, kg_range.end)] = early
     storage = loc.storage(plan.layout, kg_range)
     before = storage.manifest(1)
     with pytest.raises(RuntimeError, match=r"\(version 1\) was written by streaming query query-a, not by this one"):
@@ -389,4 +398,24 @@ def test_a_version_that_no_run_committed_is_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no state of version 2 for key groups 0\.\.63 .*deleted or replaced\? "
                        r"or, given batch_id=2, did the run of batch_id=1 not happen\?"):
         list(run_partition(plan, iter([_batch(0)])))
+    task._WARM.clear()
+
+
+def test_two_operators_that_raced_past_the_commit_check_are_caught_at_the_next_batch(tmp_path: Path) -> None:
+    """Two operators sharing a name that commit at the same moment both pass the pre-commit check.
+    At the next micro-batch neither takes over the other's warm backend (its worker may hold
+    either), and a restore finds the version written by the other operator of this run."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    a, b = _streaming_plan(loc, "w", token="a"), _streaming_plan(loc, "x", token="b")
+    kg_range = a.layout.range_of(0)
+    # the race: b loads its empty state and a commits, then b commits past its check
+    early = task._load(b, kg_range, 0, task.Writer("q", "q-run", "e0", 2, "b"))
+    _stream_batch(a, "q", 0, _batch(0), execution="e0", attempt=1)
+    task._WARM[("x", "q", "b", a.layout.id, kg_range.start, kg_range.end)] = early
+    with mock.patch.object(task, "check_write"):
+        _stream_batch(b, "q", 0, _batch(0), execution="e0", attempt=2)
+    a_on_x = _streaming_plan(loc, "x", token="a")  # a's next task lands on the worker holding b's backend
+    with pytest.raises(RuntimeError, match=r"two operators of this query write the state 'op' under"):
+        _stream_batch(a_on_x, "q", 1, _batch(1), execution="e1", attempt=3)
     task._WARM.clear()

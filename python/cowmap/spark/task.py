@@ -24,10 +24,11 @@ from typing import Any
 import pandas as pd
 
 from cowmap._core import ManualClock
-from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError
+from cowmap.checkpoint import CheckpointStorage
 from cowmap.spark.context import StateContext
 from cowmap.spark.event_time import event_time_ms
 from cowmap.spark.layout import Layout, Location
+from cowmap.spark.ownership import MERGED, Writer, check_read, check_write
 from cowmap.state import NO_WATERMARK, KeyedStateBackend, KeyGroupRange, TimeDomain
 
 __all__ = ["KG_BITS", "KG_MASK", "ROUTE_COLUMN", "Plan", "run_partition"]
@@ -86,14 +87,7 @@ def _batch_id(plan: Plan, tc: Any) -> int:
     return int(raw)
 
 
-def _query_id(tc: Any) -> str | None:
-    """The streaming query's id (Spark keeps it across the query's restarts; a
-    new Spark checkpoint makes a new query), also for a batch query run in its
-    ``foreachBatch``; None for another batch query."""
-    return tc.getLocalProperty("sql.streaming.queryId") if tc is not None else None
-
-
-def _load(plan: Plan, kg_range: KeyGroupRange, version: int, query: str | None) -> _Warm:
+def _load(plan: Plan, kg_range: KeyGroupRange, version: int, me: Writer) -> _Warm:
     clock = ManualClock(0)
     backend = KeyedStateBackend(
         plan.layout.max_parallelism, kg_range, time_provider=clock, spark_key_types=plan.key_types
@@ -106,11 +100,11 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int, query: str | None) 
         for storage in plan.location.overlapping(plan.layout, kg_range):
             newest = storage.latest()
             if newest is not None:
-                _times_of(storage, newest, query)
+                _times_of(plan, storage, newest, me)
         return warm
     marks, times = [], []
     for storage in plan.location.sources(plan.layout, kg_range, version):
-        mark, at = _times_of(storage, version, query)
+        mark, at = _times_of(plan, storage, version, me)
         storage.restore(backend, version)
         marks.append(mark)
         times.append(at)
@@ -121,7 +115,7 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int, query: str | None) 
     return warm
 
 
-def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int, query: str | None) -> bool:
+def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int, me: Writer) -> bool:
     """Bring a warm backend a version or more behind (its range went to another
     worker meanwhile) to ``version`` by the increments committed since, when
     they are increments of what it holds: O(what changed), not a restore."""
@@ -129,63 +123,16 @@ def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int, qu
     if warm.version > version or not storage._catch_up(warm.backend, version):
         return False
     warm.version = version
-    warm.watermark, warm.timestamp = _times_of(storage, version, query)
+    warm.watermark, warm.timestamp = _times_of(plan, storage, version, me)
     return True
 
 
-def _times_of(storage: CheckpointStorage, version: int, query: str | None) -> tuple[int, int]:
+def _times_of(plan: Plan, storage: CheckpointStorage, version: int, me: Writer) -> tuple[int, int]:
     """The watermark and batch time a committed version was saved with;
-    ``RuntimeError`` if another query (``query``: this one's) wrote it."""
+    ``RuntimeError`` if it is not this query's, or another operator's of its run."""
     meta = storage.manifest(version).get("metadata") or {}
-    _check_query(storage, version, meta, query)
+    check_read(storage, version, meta, me, plan.location.operator)
     return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
-
-
-def _check_query(storage: CheckpointStorage, version: int, meta: dict[str, Any], query: str | None) -> None:
-    if "query" in meta and meta["query"] != query:  # (a version without it predates the record: trusted)
-        raise RuntimeError(
-            f"cowmap.spark: the state in {storage.uri!r} (version {version}) was written by "
-            f"{_query_name(meta['query'])}, not by this one ({_query_name(query)}). A query run with a new Spark "
-            "checkpoint is a new query, and two queries must not share a state: give this one its own "
-            "checkpoint_location or name, or delete the old state to start over"
-        )
-
-
-#: why a task can be handed rows or a partition index that are not its own
-_MERGED = (
-    "The output of apply_with_state shares its Spark stage with other partitions (a union or coalesce "
-    "right after it?), so a task cannot tell which key groups it holds: write the output as it is, or "
-    "repartition it first"
-)
-
-
-def _check_not_written_in_this_execution(
-    plan: Plan, storage: CheckpointStorage, version: int, writer: dict[str, Any]
-) -> None:
-    """Refuse to overwrite ``version`` when another query wrote it (two running
-    on one state), or this micro-batch's execution did already from another
-    operator (two sharing a name) or from this very task attempt (a coalesce
-    handing it several partitions under one index). A retried or speculative
-    attempt (another task, the same operator) and a restarted query (another
-    execution) overwrite it, as they must."""
-    try:  # (one read, no listing: absent on the way on, present only for a retry or a conflict)
-        meta = storage.manifest(version).get("metadata") or {}
-    except (FileNotFoundError, CorruptCheckpointError):
-        return  # (nothing readable to keep: written over)
-    _check_query(storage, version, meta, writer["query"])
-    if writer["execution"] is None or meta.get("execution") != writer["execution"]:
-        return
-    if meta.get("plan") != writer["plan"]:
-        raise RuntimeError(
-            f"cowmap.spark: two operators of this query write the state {plan.location.operator!r} under "
-            f"{plan.location.uri!r}: give each its own name= (it defaults to the processor's class name)"
-        )
-    if meta.get("task") == writer["task"]:
-        raise RuntimeError(f"cowmap.spark: one task was handed two partitions with one index. {_MERGED}")
-
-
-def _query_name(query: str | None) -> str:
-    return "a batch query" if query is None else f"streaming query {query}"
 
 
 def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame:
@@ -271,9 +218,9 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     tc = TaskContext.get()
     partition = tc.partitionId() if tc is not None else 0
     batch_id = _batch_id(plan, tc)
-    query = _query_id(tc)
+    me = Writer.of(tc, plan.token, plan.streaming)
     if not 0 <= partition < plan.layout.num_partitions:
-        raise RuntimeError(f"cowmap.spark: a task of partition {partition} of {plan.layout.num_partitions}. {_MERGED}")
+        raise RuntimeError(f"cowmap.spark: a task of partition {partition} of {plan.layout.num_partitions}. {MERGED}")
     kg_range = plan.layout.range_of(partition)
     chunks = [c for c in chunks_in if len(c)]
     batch = _batch_frame(chunks) if chunks else None
@@ -284,15 +231,18 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         if kgs.min() < kg_range.start or kgs.max() > kg_range.end:
             raise RuntimeError(
                 f"cowmap.spark: partition {partition} (key groups {kg_range.start}..{kg_range.end}) got rows of key "
-                f"groups {int(kgs.min())}..{int(kgs.max())}: the rows were not routed to it. {_MERGED}"
+                f"groups {int(kgs.min())}..{int(kgs.max())}: the rows were not routed to it. {MERGED}"
             )
 
-    key = (*plan.warm_key, query, plan.layout.id, kg_range.start, kg_range.end)
+    # (a stream's operator's own: a second one sharing its name never takes it over; a batch query
+    # is a definition a run, foreachBatch's each batch, so its runs share theirs)
+    owner = plan.token if plan.streaming else None
+    key = (*plan.warm_key, me.query, owner, plan.layout.id, kg_range.start, kg_range.end)
     warm = _WARM.pop(key, None)
-    if warm is not None and warm.version != batch_id and not _catch_up(plan, warm, kg_range, batch_id, query):
+    if warm is not None and warm.version != batch_id and not _catch_up(plan, warm, kg_range, batch_id, me):
         warm = None  # (dropped before the restore: one range's state in memory at a time)
     if warm is None:
-        warm = _load(plan, kg_range, batch_id, query)
+        warm = _load(plan, kg_range, batch_id, me)
     backend = warm.backend
 
     if batch is not None and route is not None:
@@ -332,17 +282,11 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         timers.ctx = None
 
     storage = plan.location.storage(plan.layout, kg_range)
-    writer = {
-        "query": query,
-        "execution": tc.getLocalProperty("spark.sql.execution.query.id") if tc is not None else None,
-        "task": tc.taskAttemptId() if tc is not None else None,
-        "plan": plan.token,
-    }
-    _check_not_written_in_this_execution(plan, storage, batch_id + 1, writer)
+    check_write(storage, batch_id + 1, me, plan.location.operator)
     storage.save(
         backend,
         checkpoint_id=batch_id + 1,
-        metadata={"watermark": warm.watermark, "timestamp": warm.timestamp, **writer},
+        metadata={"watermark": warm.watermark, "timestamp": warm.timestamp, **me.record()},
         # a stream's next micro-batch starts only once this one is done: a later version can only
         # be the next batch's, which a straggling attempt of this one must not drop
         drop_later=not plan.streaming,

@@ -1,0 +1,98 @@
+"""Whose a version of a state is: the writer each commit records, and the checks
+that keep a query, an operator and a task attempt to their own versions.
+
+A state belongs to one query: a streaming query's id (Spark keeps it across the
+query's restarts, and its ``foreachBatch`` runs carry it) or None for another
+batch query. Within it, each ``apply_with_state`` call is one operator
+definition (``plan``), and each micro-batch one SQL execution. Versions saved
+before a field was recorded lack it and are trusted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError
+
+__all__ = ["MERGED", "Writer", "check_read", "check_write"]
+
+#: why a task can be handed rows or a partition index that are not its own
+MERGED = (
+    "The output of apply_with_state shares its Spark stage with other partitions (a union or coalesce "
+    "right after it?), so a task cannot tell which key groups it holds: write the output as it is, or "
+    "repartition it first"
+)
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The task writing (or reading) a state, as each commit records it."""
+
+    query: str | None  # the streaming query's id; None for a batch query outside a foreachBatch
+    run: str | None  # a streaming query's run (each restart is a new one); None for a batch query
+    execution: str | None  # the micro-batch's (or batch query's) SQL execution
+    task: int | None  # the task attempt
+    plan: str  # the operator's definition: one per apply_with_state call
+
+    @classmethod
+    def of(cls, tc: Any, plan: str, streaming: bool) -> Writer:
+        if tc is None:
+            return cls(None, None, None, None, plan)
+        prop = tc.getLocalProperty
+        # (a streaming query's job group is its run id; a foreachBatch calls apply_with_state each
+        # batch, one definition a batch, so only a stream's own operator keeps one for its run)
+        run = prop("spark.jobGroup.id") if streaming else None
+        return cls(prop("sql.streaming.queryId"), run, prop("spark.sql.execution.query.id"), tc.taskAttemptId(), plan)
+
+    def record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_read(storage: CheckpointStorage, version: int, meta: dict[str, Any], me: Writer, operator: str) -> None:
+    """``RuntimeError`` when another query wrote the version ``meta`` is of, or
+    another operator of this very run of the query (two sharing ``operator``)."""
+    _check_query(storage, version, meta, me.query)
+    if me.run is not None and meta.get("run") == me.run and meta.get("plan") != me.plan:
+        raise _shared(operator, storage)
+
+
+def check_write(storage: CheckpointStorage, version: int, me: Writer, operator: str) -> None:
+    """Refuse to overwrite ``version`` when another query wrote it (two running
+    on one state), or this micro-batch's execution did already from another
+    operator (two sharing a name) or from this very task attempt (a coalesce
+    handing it several partitions under one index). A retried or speculative
+    attempt (another task, the same operator) and a restarted query (another
+    execution) overwrite it, as they must."""
+    try:  # (one read, no listing: absent on the way on, present only for a retry or a conflict)
+        meta = storage.manifest(version).get("metadata") or {}
+    except (FileNotFoundError, CorruptCheckpointError):
+        return  # (nothing readable to keep: written over)
+    _check_query(storage, version, meta, me.query)
+    if me.execution is None or meta.get("execution") != me.execution:
+        return
+    if meta.get("plan") != me.plan:
+        raise _shared(operator, storage)
+    if meta.get("task") == me.task:
+        raise RuntimeError(f"cowmap.spark: one task was handed two partitions with one index. {MERGED}")
+
+
+def _check_query(storage: CheckpointStorage, version: int, meta: dict[str, Any], query: str | None) -> None:
+    if "query" in meta and meta["query"] != query:
+        raise RuntimeError(
+            f"cowmap.spark: the state in {storage.uri!r} (version {version}) was written by "
+            f"{_query_name(meta['query'])}, not by this one ({_query_name(query)}). A query run with a new Spark "
+            "checkpoint is a new query, and two queries must not share a state: give this one its own "
+            "checkpoint_location or name, or delete the old state to start over"
+        )
+
+
+def _shared(operator: str, storage: CheckpointStorage) -> RuntimeError:
+    return RuntimeError(
+        f"cowmap.spark: two operators of this query write the state {operator!r} under {storage.uri!r}: give "
+        "each its own name= (it defaults to the processor's class name)"
+    )
+
+
+def _query_name(query: str | None) -> str:
+    return "a batch query" if query is None else f"streaming query {query}"
