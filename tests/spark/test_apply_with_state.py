@@ -113,6 +113,8 @@ def test_stream_restarts_and_rescales_keep_every_count(spark, tmp_path, processo
         s.add(batches[2 * i + 1])
         out = s.run(processor, COUNTS, num_partitions=parts)
     assert _rows(out, "k", "n") == _counts_reference(batches)
+    # the first (2-partition) layout went when the third run began: the second held two versions whole
+    assert sorted(p.name for p in Path(s.state).glob("*/L*")) == ["L000002", "L000003"]
 
 
 def test_batch_query_goes_on_from_the_last_run(spark, tmp_path) -> None:

@@ -62,3 +62,48 @@ def test_a_damaged_layout_record_is_named(tmp_path: Path) -> None:
         Location("", "op")
     with pytest.raises(TypeError, match="path or URI"):
         Location(3, "op")  # type: ignore[arg-type]
+
+
+def test_old_layouts_are_deleted_once_a_newer_one_holds_two_versions_whole(tmp_path: Path) -> None:
+    """A restart goes back one micro-batch at most: once a newer layout holds two versions whole,
+    the layouts before it go (record first, then files), and every version a restart can ask
+    for is still found."""
+    loc = Location(str(tmp_path), "op")
+    two = loc.use(2, 16, HASH)
+    for v in (1, 2, 3):
+        commit(loc, two, v)
+    three = loc.use(3, 16, HASH)
+    assert loc.prune() == []  # the new layout holds nothing yet
+    commit(loc, three, 4)
+    commit(loc, three, 5, partitions=[0, 2])  # partition 1 has no version 5: one version whole
+    assert loc.prune() == []
+    assert (tmp_path / "op" / "L000001").is_dir()
+    commit(loc, three, 5, partitions=[1])
+    four = loc.use(4, 16, HASH)  # a third run: the two-partition layout is no longer needed
+    assert loc.prune() == [1]
+    assert not (tmp_path / "op" / "L000001").exists()
+    assert not (tmp_path / "op" / "layouts" / "layout-000001.json").exists()
+    again = Location(str(tmp_path), "op")
+    assert again.layouts == [three, four] == loc.layouts
+    assert again.latest_version() == 5
+    for version in (4, 5):  # what a restart may load
+        for r in four.ranges():
+            assert loc.sources(four, r, version)
+    with pytest.raises(FileNotFoundError, match="no state of version 3"):
+        loc.sources(four, four.range_of(0), 3)
+    assert again.use(5, 16, HASH).id == four.id + 1  # ids go on from the newest record
+
+
+def test_pruning_keeps_the_layout_a_failed_rescale_leaves_needed(tmp_path: Path) -> None:
+    """A rescaled run that failed in its first batch left its layout with a version in part: the
+    layout before it, which still holds the query's versions whole, is kept."""
+    loc = Location(str(tmp_path), "op")
+    two = loc.use(2, 16, HASH)
+    for v in (1, 2):
+        commit(loc, two, v)
+    three = loc.use(3, 16, HASH)
+    commit(loc, three, 3, partitions=[0])
+    loc.use(2, 16, HASH)
+    assert loc.prune() == []
+    assert loc.latest_version() == 2
+    assert [x.id for x in Location(str(tmp_path), "op").layouts] == [1, 2, 3]

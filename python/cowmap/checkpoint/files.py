@@ -8,6 +8,8 @@ Both offer the few calls :class:`cowmap.checkpoint.storage.Store` makes.
 from __future__ import annotations
 
 import os
+import shutil
+from contextlib import suppress
 from typing import Any
 
 __all__ = ["ArrowFiles", "LocalFiles", "open_files"]
@@ -88,6 +90,11 @@ class LocalFiles:
     def delete_file(self, path: str) -> None:
         os.remove(path)
 
+    def delete_dir(self, path: str) -> None:
+        """``path`` and everything under it; nothing if it is not there."""
+        with suppress(FileNotFoundError):
+            shutil.rmtree(path)
+
 
 class ArrowFiles:
     """A ``pyarrow.fs.FileSystem``, with the calls named as :class:`LocalFiles` names them."""
@@ -125,6 +132,10 @@ class ArrowFiles:
 
     def delete_file(self, path: str) -> None:
         self.fs.delete_file(path)
+
+    def delete_dir(self, path: str) -> None:
+        with suppress(FileNotFoundError):
+            self.fs.delete_dir(path)
 
 
 def _pyarrow_fs(what: str) -> Any:

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from cowmap.checkpoint import CheckpointStorage
+from cowmap.checkpoint.files import open_files
 from cowmap.checkpoint.storage import Store
 from cowmap.state.keygroups import KeyGroupRange, key_group_range_for_operator
 
@@ -114,15 +115,37 @@ class Location:
         """The newest version every range of some layout holds (0: none), the
         version a batch (not streaming) query starts from."""
         for layout in reversed(self.layouts):
-            common: set[int] | None = None
-            for r in layout.ranges():
-                have = set(self.storage(layout, r).checkpoints())
-                common = have if common is None else common & have
-                if not common:
-                    break
+            common = self._whole(layout)
             if common:
                 return max(common)
         return 0
+
+    def _whole(self, layout: Layout) -> set[int]:
+        """The versions every range of ``layout`` holds."""
+        common: set[int] | None = None
+        for r in layout.ranges():
+            have = set(self.storage(layout, r).checkpoints())
+            common = have if common is None else common & have
+            if not common:
+                return set()
+        return common or set()
+
+    def prune(self) -> list[int]:
+        """Delete the layouts older than the newest one holding two versions
+        whole, and return their ids: a restart goes back one micro-batch at
+        most, so it loads from that layout or a newer one (a rescaled run's
+        state otherwise stays in every old layout for good). The record goes
+        first, so that nothing reads a layout half deleted."""
+        for i in range(len(self.layouts) - 1, 0, -1):
+            if len(self._whole(self.layouts[i])) >= 2:
+                old, self.layouts = self.layouts[:i], self.layouts[i:]
+                records = self._store("layouts")
+                for layout in old:
+                    records.delete([f"layout-{layout.id:06d}.json"])
+                    files, path = open_files(self._path(f"L{layout.id:06d}"))
+                    files.delete_dir(path)
+                return [layout.id for layout in old]
+        return []
 
     # ------------------------------------------------------------ the executors' side
 

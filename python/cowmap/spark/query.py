@@ -156,6 +156,7 @@ def apply_with_state(
 
     location = Location(checkpoint_location, operator)
     layout = location.use(num_partitions, max_parallelism, spark_key_hash(key_types))
+    location.prune()
     plan = Plan(
         location=location,
         layout=layout,
