@@ -152,28 +152,25 @@ class Location:
     def storage(self, layout: Layout, kg_range: KeyGroupRange) -> CheckpointStorage:
         return CheckpointStorage(self._path(f"L{layout.id:06d}", f"kg-{kg_range.start:05d}-{kg_range.end:05d}"))
 
+    def _up_to(self, layout: Layout) -> list[Layout]:
+        """``layout`` and the layouts before it, oldest first."""
+        return self.layouts[: self.layouts.index(layout) + 1]
+
+    def _covering(self, layout: Layout, kg_range: KeyGroupRange) -> list[CheckpointStorage]:
+        """The storages of ``layout``'s ranges that hold key groups of ``kg_range``."""
+        return [self.storage(layout, r) for r in layout.ranges() if r.intersection(kg_range)]
+
     def overlapping(self, layout: Layout, kg_range: KeyGroupRange) -> list[CheckpointStorage]:
         """The storages of ``layout`` and the layouts before it that hold key groups of ``kg_range``."""
-        return [
-            self.storage(old, r)
-            for old in self.layouts[: self.layouts.index(layout) + 1]
-            for r in old.ranges()
-            if r.intersection(kg_range)
-        ]
+        return [s for old in self._up_to(layout) for s in self._covering(old, kg_range)]
 
     def sources(self, layout: Layout, kg_range: KeyGroupRange, version: int) -> list[CheckpointStorage]:
         """The storages holding ``version`` of the key groups of ``kg_range``
         (the range's own when it has it), newest layout first; ``FileNotFoundError``
         when no layout holds it whole."""
-        for old in reversed(self.layouts[: self.layouts.index(layout) + 1]):
-            found = []
-            for r in old.ranges():
-                if r.intersection(kg_range):
-                    s = self.storage(old, r)
-                    if version not in s.checkpoints():
-                        break
-                    found.append(s)
-            else:
+        for old in reversed(self._up_to(layout)):
+            found = self._covering(old, kg_range)
+            if all(version in s.checkpoints() for s in found):
                 return found
         raise FileNotFoundError(
             f"no state of version {version} for key groups {kg_range.start}..{kg_range.end} under "

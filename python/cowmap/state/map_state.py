@@ -152,7 +152,6 @@ class MapState(AsyncMapMethods, State):
                 raise TypeError("MapState user keys must not be None")
             insert(ctx, ukey, value, ts)
 
-
     def items(self) -> list[tuple[Any, Any]]:
         """``(user_key, value)`` pairs, in insertion order. O(the key's entries)."""
         kg = self._kg()
