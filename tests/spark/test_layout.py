@@ -52,6 +52,23 @@ def test_a_version_comes_from_the_newest_layout_that_holds_it_whole(tmp_path: Pa
         loc.sources(three, mine, 3)
 
 
+def test_a_range_more_than_a_version_ahead_of_the_others_is_named(tmp_path: Path) -> None:
+    """A run that failed part way leaves ranges one version ahead, and the next batch run redoes
+    that version. Two ahead means versions of the others went missing (a range's directory
+    deleted): a run from the newest whole version would start them over without a word."""
+    import shutil
+
+    loc = Location(str(tmp_path), "op")
+    two = loc.use(2, 16, HASH)
+    for v in (1, 2, 3):
+        commit(loc, two, v)
+    commit(loc, two, 4, partitions=[1])  # a run that failed part way
+    assert loc.latest_version() == 3
+    shutil.rmtree(tmp_path / "op" / "L000001" / "kg-00000-00007")
+    with pytest.raises(ValueError, match=r"incomplete: key groups 8\.\.15 hold version 4, but 0 is the newest"):
+        loc.latest_version()
+
+
 def test_a_damaged_layout_record_is_named(tmp_path: Path) -> None:
     Location(str(tmp_path), "op").use(2, 16, HASH)
     record = tmp_path / "op" / "layouts" / "layout-000001.json"

@@ -356,7 +356,7 @@ def test_a_commit_over_another_querys_version_is_refused(tmp_path: Path) -> None
     loc = Location(str(tmp_path), "op")
     plan = _streaming_plan(loc, "w")
     kg_range = plan.layout.range_of(0)
-    early = task._load(plan, kg_range, 0, "query-b")  # query-b's first load, before query-a commits
+    early, _ = task._load(plan, kg_range, 0, "query-b")  # query-b's first load, before query-a commits
     _stream_batch(plan, "query-a", 0, _batch(0))
     task._WARM.clear()
     task._WARM[("w", "query-b", "op", plan.layout.id, kg_range.start, kg_range.end)] = early
@@ -410,7 +410,7 @@ def test_two_operators_that_raced_past_the_commit_check_are_caught_at_the_next_b
     a, b = _streaming_plan(loc, "w", token="a"), _streaming_plan(loc, "x", token="b")
     kg_range = a.layout.range_of(0)
     # the race: b loads its empty state and a commits, then b commits past its check
-    early = task._load(b, kg_range, 0, task.Writer("q", "q-run", "e0", 2, "b"))
+    early, _ = task._load(b, kg_range, 0, task.Writer("q", "q-run", "e0", 2, "b"))
     _stream_batch(a, "q", 0, _batch(0), execution="e0", attempt=1)
     task._WARM[("x", "q", "b", a.layout.id, kg_range.start, kg_range.end)] = early
     with mock.patch.object(task, "check_write"):
@@ -418,4 +418,166 @@ def test_two_operators_that_raced_past_the_commit_check_are_caught_at_the_next_b
     a_on_x = _streaming_plan(loc, "x", token="a")  # a's next task lands on the worker holding b's backend
     with pytest.raises(RuntimeError, match=r"two operators of this query write the state 'op' under"):
         _stream_batch(a_on_x, "q", 1, _batch(1), execution="e1", attempt=3)
+    task._WARM.clear()
+
+
+class _Json:
+    """A serializer of the user's own (not pickle)."""
+
+    name = "json-v1"
+
+    def dumps(self, v: Any) -> bytes:
+        import json
+
+        return json.dumps(v).encode()
+
+    def loads(self, b: bytes) -> Any:
+        import json
+
+        return json.loads(b)
+
+
+class _CountInJson:
+    """CountPerKey with its state written by its own serializer."""
+
+    def open(self, ctx):
+        from cowmap import ValueStateDescriptor
+
+        self.count = ctx.get_state(ValueStateDescriptor("count", serializer=_Json()))
+
+    def process(self, batch, ctx):
+        out = []
+        for k, rows in ctx.groups(batch):
+            n = (self.count.value() or {"n": 0})["n"] + len(rows)
+            self.count.update({"n": n})
+            out.append((k, n))
+        return pd.DataFrame(out, columns=["k", "n"])
+
+
+def test_a_state_with_its_own_serializer_is_restored_cold_and_rescaled(tmp_path: Path) -> None:
+    """A restore in a worker without the backend decodes the values with the serializer the
+    processor's open registers (the restore waits for it), also when a rescale merges ranges."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    batches = [_batch(i) for i in range(4)]
+    got: Counter = Counter()
+    for b in range(2):
+        layout = loc.use(2, 64, "spark-murmur3-42:bigint")
+        for p in range(2):
+            mine = batches[b][(batches[b][ROUTE_COLUMN] & 0xFFFF) // 32 == p]
+            plan = Plan(loc, layout, ["k"], ["bigint"], _CountInJson, ["k", "n"], False, b, warm_key=("j",))
+            with mock.patch("pyspark.TaskContext.get", return_value=_Partition(p)):
+                for out in run_partition(plan, iter([mine])):
+                    got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
+        task._WARM.clear()  # every batch on a fresh worker: a restore each time
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")  # both ranges into one partition
+    for b in range(2, 4):
+        plan = Plan(loc, layout, ["k"], ["bigint"], _CountInJson, ["k", "n"], False, b, warm_key=("j",))
+        for out in run_partition(plan, iter([batches[b]])):
+            got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
+        task._WARM.clear()
+    assert got == _running_counts(batches)
+
+
+class _Partition:
+    """A batch query's TaskContext of partition ``p``."""
+
+    def __init__(self, p: int) -> None:
+        self.p = p
+
+    def partitionId(self) -> int:
+        return self.p
+
+    def taskAttemptId(self) -> int:
+        return self.p
+
+    def getLocalProperty(self, key: str) -> str | None:
+        return None
+
+
+class _ChangesItsBatch:
+    """Emits the watermark it starts from, then changes the batch in place."""
+
+    def process(self, batch, ctx):
+        out = pd.DataFrame({"k": [ctx.watermark_ms], "n": [0]})
+        batch["t"] = 10**15
+        del batch["t"]
+        return out
+
+
+def test_the_watermark_is_the_batchs_own_whatever_process_does_to_it(tmp_path: Path) -> None:
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    seen = []
+    for b in range(3):
+        batch = _batch(b)
+        batch["t"] = np.arange(len(batch)) + 100 * b
+        plan = Plan(loc, layout, ["k"], ["bigint"], _ChangesItsBatch, ["k", "n"], False, b, event_time="t",
+                    watermark_delay_ms=10, warm_key=("e",))
+        seen += [int(x) for out in run_partition(plan, iter([batch])) for x in out["k"]]
+    assert seen[1:] == [len(_batch(0)) - 1 - 10, len(_batch(1)) - 1 + 100 - 10]
+    task._WARM.clear()
+
+
+def test_a_failure_to_delete_old_versions_after_the_commit_does_not_fail_the_task(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deleting old versions follows the commit: its failure (a damaged old manifest, an object
+    store refusing a delete) must not fail a task whose version is committed, which a batch query
+    run again by hand would then count twice. It is logged and tried again at the next commit."""
+    from cowmap.checkpoint import CheckpointStorage
+
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    batches = [_batch(i) for i in range(3)]
+    got: Counter = Counter()
+    for b in range(3):
+        plan = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, b, retain_versions=2,
+                    warm_key=("d",))
+        broken = mock.patch.object(CheckpointStorage, "retain", side_effect=OSError("delete refused"))
+        with broken if b == 1 else mock.patch.object(task, "_WARM", task._WARM):
+            for out in run_partition(plan, iter([batches[b]])):
+                got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
+    assert got == _running_counts(batches)
+    assert "version 2 of" in caplog.text and "delete refused" in caplog.text
+    assert loc.storage(layout, layout.range_of(0)).checkpoints() == [2, 3]  # the next commit caught up
+    task._WARM.clear()
+
+
+def test_a_batch_dataframe_made_before_another_run_committed_is_refused(tmp_path: Path) -> None:
+    """A batch DataFrame of apply_with_state is one run of its state, from the version that was
+    the newest when it was made. Run again (another action) it redoes that run; once another
+    DataFrame's run committed after it, running it would drop that run's changes or take the state
+    back (its commit drops later versions): refused, the state left as it was."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    storage = loc.storage(layout, layout.range_of(0))
+    batches = [_batch(i) for i in range(3)]
+
+    def made(token: str) -> Plan:  # apply_with_state's plan: from the newest version, as query.py makes it
+        return Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, loc.latest_version(),
+                    warm_key=(token,), token=token)
+
+    def run(plan: Plan, batch: pd.DataFrame) -> Counter:
+        return Counter(zip(*(x for out in run_partition(plan, iter([batch])) for x in (out["k"].tolist(),
+                                                                                         out["n"].tolist()))))
+
+    a, b = made("a"), made("b")  # both made at version 0
+    first = run(a, batches[0])
+    assert run(a, batches[0]) == first  # another action on the same DataFrame: its run again
+    before = storage.manifest(1)
+    with pytest.raises(RuntimeError, match=r"made to commit version 1 .* another run has since taken to version 1"):
+        run(b, batches[1])
+    assert storage.manifest(1) == before
+    c = made("c")
+    run(c, batches[1])
+    with pytest.raises(RuntimeError, match=r"made to commit version 1 .* taken to version 2"):
+        run(a, batches[0])
+    assert storage.checkpoints() == [1, 2]
+    pinned = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, 1, warm_key=("p",), pinned=True)
+    run(pinned, batches[1])  # batch_id=1 again (foreachBatch after a failure): it redoes version 2
+    assert storage.checkpoints() == [1, 2]
     task._WARM.clear()

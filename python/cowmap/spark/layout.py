@@ -113,14 +113,30 @@ class Location:
 
     def latest_version(self) -> int:
         """The newest version every range of some layout holds (0: none), the
-        version a batch (not streaming) query starts from."""
+        version a batch (not streaming) query starts from. ``ValueError`` when a
+        range holds a version beyond the next one: a run that failed part way
+        leaves ranges one version ahead at most, so more means that versions of
+        the others were deleted, and a run from this version would silently
+        start them over."""
+        held = {(layout.id, r): set(self.storage(layout, r).checkpoints()) for layout in self.layouts
+                for r in layout.ranges()}
+        latest = 0
         for layout in reversed(self.layouts):
-            common = self._whole(layout)
+            common = set.intersection(*(held[layout.id, r] for r in layout.ranges()))
             if common:
-                return max(common)
-        return 0
+                latest = max(common)
+                break
+        for (_, r), ids in held.items():
+            newest = max(ids, default=0)
+            if newest > latest + 1:
+                raise ValueError(
+                    f"the state in {self._path()!r} is incomplete: key groups {r.start}..{r.end} hold version "
+                    f"{newest}, but {latest} is the newest version all key groups hold (were a range's "
+                    "files deleted?); put them back, or delete the state to start over"
+                )
+        return latest
 
-    def _whole(self, layout: Layout) -> set[int]:
+    def held_whole(self, layout: Layout) -> set[int]:
         """The versions every range of ``layout`` holds."""
         common: set[int] | None = None
         for r in layout.ranges():
@@ -137,7 +153,7 @@ class Location:
         state otherwise stays in every old layout for good). The record goes
         first, so that nothing reads a layout half deleted."""
         for i in range(len(self.layouts) - 1, 0, -1):
-            if len(self._whole(self.layouts[i])) >= 2:
+            if len(self.held_whole(self.layouts[i])) >= 2:
                 old, self.layouts = self.layouts[:i], self.layouts[i:]
                 records = self._store("layouts")
                 for layout in old:

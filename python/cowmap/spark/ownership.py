@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from cowmap.checkpoint import CheckpointStorage, CorruptCheckpointError
+from cowmap.spark.layout import Layout, Location
 
-__all__ = ["MERGED", "Writer", "check_read", "check_write"]
+__all__ = ["MERGED", "Writer", "check_current", "check_read", "check_write"]
 
 #: why a task can be handed rows or a partition index that are not its own
 MERGED = (
@@ -75,6 +76,31 @@ def check_write(storage: CheckpointStorage, version: int, me: Writer, operator: 
         raise _shared(operator, storage)
     if meta.get("task") == me.task:
         raise RuntimeError(f"cowmap.spark: one task was handed two partitions with one index. {MERGED}")
+
+
+def check_current(location: Location, layout: Layout, storage: CheckpointStorage, version: int, me: Writer) -> None:
+    """Refuse a batch DataFrame's commit of ``version`` once a later run of the
+    state committed it or a later one: the DataFrame, made when ``version - 1``
+    was the newest, would take the state back (its commit drops the later
+    versions) or drop that run's changes. Running the DataFrame again (another
+    action) redoes its own run while no other followed it, and a run that
+    failed part way (``version`` held by some ranges only) is redone."""
+    ids = storage.checkpoints()
+    newest = max(ids, default=0)
+    if newest > version:
+        _stale(storage, version, newest)
+    if newest == version:
+        meta = storage.manifest(version).get("metadata") or {}
+        if meta.get("plan") not in (None, me.plan) and version in location.held_whole(layout):
+            _stale(storage, version, newest)
+
+
+def _stale(storage: CheckpointStorage, version: int, newest: int) -> None:
+    raise RuntimeError(
+        f"cowmap.spark: this DataFrame was made to commit version {version} of the state in {storage.uri!r}, "
+        f"which another run has since taken to version {newest}: a batch DataFrame of apply_with_state is one run "
+        "of its state. Call apply_with_state again for the next run (or pass batch_id= to choose the version)"
+    )
 
 
 def _check_query(storage: CheckpointStorage, version: int, meta: dict[str, Any], query: str | None) -> None:

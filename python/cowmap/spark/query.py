@@ -171,6 +171,7 @@ def apply_with_state(
         watermark_delay_ms=watermark_delay_ms,
         retain_versions=retain_versions,
         warm_key=(location.uri, operator),
+        pinned=batch_id is not None,
     )
 
     null_key = functools.reduce(lambda a, b: a | b, [F.col(k).isNull() for k in key_list])

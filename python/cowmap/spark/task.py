@@ -14,6 +14,7 @@ retried attempt starts again from version ``b``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator
@@ -28,7 +29,7 @@ from cowmap.checkpoint import CheckpointStorage
 from cowmap.spark.context import StateContext
 from cowmap.spark.event_time import event_time_ms
 from cowmap.spark.layout import Layout, Location
-from cowmap.spark.ownership import MERGED, Writer, check_read, check_write
+from cowmap.spark.ownership import MERGED, Writer, check_current, check_read, check_write
 from cowmap.state import NO_WATERMARK, KeyedStateBackend, KeyGroupRange, TimeDomain
 
 __all__ = ["KG_BITS", "KG_MASK", "ROUTE_COLUMN", "Plan", "run_partition"]
@@ -40,6 +41,8 @@ __all__ = ["KG_BITS", "KG_MASK", "ROUTE_COLUMN", "Plan", "run_partition"]
 ROUTE_COLUMN = "__cowmap_route"
 KG_BITS = 16
 KG_MASK = (1 << KG_BITS) - 1
+
+_log = logging.getLogger("cowmap.spark")
 
 #: backends kept warm per Python worker
 WARM_BACKENDS = 4
@@ -62,6 +65,8 @@ class Plan:
     watermark_delay_ms: int = 0
     retain_versions: int = 5
     warm_key: tuple[Any, ...] = field(default=())
+    #: a batch query's version chosen by the caller (batch_id=): its runs may take the state back
+    pinned: bool = False
     #: this operator's definition: two operators writing one state are told apart by it
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
@@ -87,7 +92,11 @@ def _batch_id(plan: Plan, tc: Any) -> int:
     return int(raw)
 
 
-def _load(plan: Plan, kg_range: KeyGroupRange, version: int, me: Writer) -> _Warm:
+def _load(plan: Plan, kg_range: KeyGroupRange, version: int, me: Writer) -> tuple[_Warm, list[CheckpointStorage]]:
+    """An empty backend for ``kg_range`` with the watermark and time of
+    ``version``, and the storages to restore ``version`` from once the
+    processor's ``open`` has registered its states (their serializers decode
+    the values)."""
     clock = ManualClock(0)
     backend = KeyedStateBackend(
         plan.layout.max_parallelism, kg_range, time_provider=clock, spark_key_types=plan.key_types
@@ -101,18 +110,14 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int, me: Writer) -> _War
             newest = storage.latest()
             if newest is not None:
                 _times_of(plan, storage, newest, me)
-        return warm
-    marks, times = [], []
-    for storage in plan.location.sources(plan.layout, kg_range, version):
-        mark, at = _times_of(plan, storage, version, me)
-        storage.restore(backend, version)
-        marks.append(mark)
-        times.append(at)
+        return warm, []
+    sources = plan.location.sources(plan.layout, kg_range, version)
+    marks, times = zip(*(_times_of(plan, storage, version, me) for storage in sources), strict=True)
     # a range made of several old ones: the slowest old watermark (as Flink takes
     # the minimum over its inputs), the latest time
     warm.watermark = min(marks)
     warm.timestamp = max(times)
-    return warm
+    return warm, sources
 
 
 def _catch_up(plan: Plan, warm: _Warm, kg_range: KeyGroupRange, version: int, me: Writer) -> bool:
@@ -241,8 +246,9 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     warm = _WARM.pop(key, None)
     if warm is not None and warm.version != batch_id and not _catch_up(plan, warm, kg_range, batch_id, me):
         warm = None  # (dropped before the restore: one range's state in memory at a time)
+    restore: list[CheckpointStorage] = []
     if warm is None:
-        warm = _load(plan, kg_range, batch_id, me)
+        warm, restore = _load(plan, kg_range, batch_id, me)
     backend = warm.backend
 
     if batch is not None and route is not None:
@@ -258,14 +264,16 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         opened = getattr(processor, "open", None)
         if opened is not None:
             opened(ctx)
+        for storage in restore:  # (after open: a state's own serializer reads its values)
+            storage.restore(backend, batch_id)
         for name in backend.timer_service_names():
             backend.get_timer_service(name, timers)  # (restored services fire into this batch's processor)
         if batch is not None:
+            # (read before process, which may change the batch in place)
+            latest = NO_WATERMARK if plan.event_time is None else event_time_ms(batch[plan.event_time], plan.time_zone)
             yield from _outputs(processor.process(batch, ctx), plan.out_columns, "process")
-            if plan.event_time is not None:
-                latest = event_time_ms(batch[plan.event_time], plan.time_zone)
-                if latest != NO_WATERMARK:
-                    warm.watermark = max(warm.watermark, latest - plan.watermark_delay_ms)
+            if latest != NO_WATERMARK:
+                warm.watermark = max(warm.watermark, latest - plan.watermark_delay_ms)
         for name in backend.timer_service_names():
             svc = backend.get_timer_service(name, timers)
             svc.advance_processing_time(warm.timestamp)
@@ -283,6 +291,8 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
 
     storage = plan.location.storage(plan.layout, kg_range)
     check_write(storage, batch_id + 1, me, plan.location.operator)
+    if not plan.streaming and not plan.pinned:
+        check_current(plan.location, plan.layout, storage, batch_id + 1, me)
     storage.save(
         backend,
         checkpoint_id=batch_id + 1,
@@ -291,7 +301,12 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         # be the next batch's, which a straggling attempt of this one must not drop
         drop_later=not plan.streaming,
     )
-    storage.retain(plan.retain_versions)
+    try:
+        storage.retain(plan.retain_versions)
+    except Exception as e:  # noqa: BLE001 - the commit took effect: failing the task now would hide that
+        # (a retry would find it done, but a batch query that failed is then run again by hand over it)
+        _log.warning("cowmap.spark: version %d of %s is committed, but deleting old versions failed "
+                     "(tried again at the next commit): %r", batch_id + 1, storage.uri, e)
     warm.version = batch_id + 1
     _WARM[key] = warm
     while len(_WARM) > WARM_BACKENDS:
