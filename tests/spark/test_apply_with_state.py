@@ -419,10 +419,18 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
     loc = str(tmp_path)
     with pytest.raises(ValueError, match="unknown key column 'user'"):
         apply_with_state(df, "user", CountPerKey, COUNTS, checkpoint_location=loc)
-    with pytest.raises(ValueError, match="not supported"):
+    with pytest.raises(ValueError, match=r"key column 'a' is a array<bigint>: cowmap.spark keys by tinyint, .*, "
+                       r"boolean$"):
         apply_with_state(df.withColumn("a", F.array("k")), "a", CountPerKey, COUNTS, checkpoint_location=loc)
-    with pytest.raises(ValueError, match="key column 't' is a timestamp"):
+    with pytest.raises(ValueError, match=r"key column 't' is a timestamp: .*boolean; key by its number instead"):
         apply_with_state(df.withColumn("t", F.current_timestamp()), "t", CountPerKey, COUNTS, checkpoint_location=loc)
+    for bad in ("string", "date", "double", "boolean"):
+        with pytest.raises(ValueError, match=rf"event_time column 't' is a {bad}: it must be a timestamp or epoch"):
+            apply_with_state(df.withColumn("t", F.lit(None).cast(bad)), "k", CountPerKey, COUNTS,
+                             checkpoint_location=loc, event_time="t")
+    with pytest.raises(ValueError, match="watermark_delay_ms must be an int >= 0, got True"):
+        apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, event_time="v",
+                         watermark_delay_ms=True)
 
     class Local(CountPerKey):  # a processor made in a function: its default name is still a directory name
         pass
@@ -455,7 +463,7 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
         apply_with_state(
             df2, "k", Raising, COUNTS, checkpoint_location=loc, num_partitions=2, name="CountPerKey"
         ).collect()
-    with pytest.raises(Exception, match="process must return pandas DataFrames, got tuple"):
+    with pytest.raises(Exception, match="process returned a list holding a tuple: it must return a DataFrame or"):
         apply_with_state(
             df2, "k", ReturnsRows, COUNTS, checkpoint_location=loc, num_partitions=2, name="CountPerKey"
         ).collect()

@@ -389,15 +389,18 @@ def test_a_batch_query_in_foreach_batch_belongs_to_its_streaming_query(tmp_path:
 
 
 def test_a_version_that_no_run_committed_is_named(tmp_path: Path) -> None:
-    """A batch query given batch_id=2 whose run of batch_id=1 never happened (or a state directory
-    deleted under a running query) fails naming the version and both causes."""
+    """A batch query given batch_id=2 whose run of batch_id=1 never happened, or a stream whose
+    state directory was deleted under it, fails naming the version and the likely cause."""
     task._WARM.clear()
     loc = Location(str(tmp_path), "op")
     layout = loc.use(1, 64, "spark-murmur3-42:bigint")
-    plan = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, 2, warm_key=("w",))
-    with pytest.raises(FileNotFoundError, match=r"no state of version 2 for key groups 0\.\.63 .*deleted or replaced\? "
-                       r"or, given batch_id=2, did the run of batch_id=1 not happen\?"):
+    plan = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, 2, warm_key=("w",), pinned=True)
+    with pytest.raises(FileNotFoundError, match=r"no state of version 2 for key groups 0\.\.63 .*given batch_id=2, "
+                       r"did the run of batch_id=1 not happen\?"):
         list(run_partition(plan, iter([_batch(0)])))
+    with pytest.raises(FileNotFoundError, match=r"no state of version 2 .*\(the query's checkpoint is ahead of its "
+                       r"state: was the state directory deleted or replaced\?\)$"):
+        _stream_batch(_streaming_plan(loc, "w"), "query-a", 2, _batch(0))
     task._WARM.clear()
 
 
@@ -580,4 +583,103 @@ def test_a_batch_dataframe_made_before_another_run_committed_is_refused(tmp_path
     pinned = Plan(loc, layout, ["k"], ["bigint"], CountPerKey, ["k", "n"], False, 1, warm_key=("p",), pinned=True)
     run(pinned, batches[1])  # batch_id=1 again (foreachBatch after a failure): it redoes version 2
     assert storage.checkpoints() == [1, 2]
+    task._WARM.clear()
+
+
+class _KeepsItsStateInTheClass:
+    """Registers its state once per Python worker, in a class attribute."""
+
+    count = None
+
+    def open(self, ctx):
+        from cowmap import ValueStateDescriptor
+
+        if _KeepsItsStateInTheClass.count is None:
+            _KeepsItsStateInTheClass.count = ctx.get_state(ValueStateDescriptor("count", default_value=0))
+        self.mine = _KeepsItsStateInTheClass.count
+
+    def process(self, batch, ctx):
+        return None
+
+
+def test_a_state_view_of_another_task_kept_by_the_processor_is_refused(tmp_path: Path) -> None:
+    """A view kept from an earlier task would read and write the state of that task's backend (of
+    whatever key it last had), silently: the task fails naming the attribute."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(2, 64, "spark-murmur3-42:bigint")
+    try:
+        for p in range(2):  # two tasks in one worker: two backends
+            mine = _batch(0)[(_batch(0)[ROUTE_COLUMN] & 0xFFFF) // 32 == p]
+            plan = Plan(loc, layout, ["k"], ["bigint"], _KeepsItsStateInTheClass, ["k", "n"], False, 0,
+                        warm_key=("v",))
+            with mock.patch("pyspark.TaskContext.get", return_value=_Partition(p)):
+                if p == 0:
+                    list(run_partition(plan, iter([mine])))
+                else:
+                    with pytest.raises(RuntimeError, match=r"keeps state 'count' of another task in self\.mine"):
+                        list(run_partition(plan, iter([mine])))
+        # the class attribute itself, with no copy on self
+        with mock.patch.object(_KeepsItsStateInTheClass, "open", lambda self, ctx: None), \
+                mock.patch("pyspark.TaskContext.get", return_value=_Partition(1)), \
+                pytest.raises(RuntimeError, match=r"_KeepsItsStateInTheClass\.count"):
+            list(run_partition(plan, iter([mine])))
+    finally:
+        _KeepsItsStateInTheClass.count = None
+        task._WARM.clear()
+
+
+def test_what_process_and_on_timer_return_is_checked_with_a_clear_message() -> None:
+    from cowmap.state import TimeDomain
+
+    def outs(result: Any) -> list[pd.DataFrame]:
+        return list(task._outputs(result, ["k", "n"], "process"))
+
+    frame = pd.DataFrame({"n": [1], "k": [2], "extra": [3]})
+    assert [f.columns.tolist() for f in outs(frame)] == [["k", "n"]]
+    assert outs(pd.DataFrame()) == [] and outs([pd.DataFrame(), frame.iloc[:0]])[0].empty  # nothing to emit
+    for bad, name in (({"k": 1}, "dict"), (pd.Series([1]), "Series"), ("kn", "str"), (3, "int")):
+        with pytest.raises(TypeError, match=f"process must return a DataFrame or an iterator of them, not {name}$"):
+            outs(bad)
+    with pytest.raises(TypeError, match="process returned a list holding a tuple: it must return a DataFrame or an"):
+        outs([(1, 2)])
+    with pytest.raises(ValueError, match=r"returned columns \['k', 'k', 'n'\], some of them twice"):
+        outs(pd.DataFrame([[1, 2, 3]], columns=["k", "k", "n"]))
+
+    class Timers:
+        def __init__(self, out: Any) -> None:
+            self.out = out
+
+        def on_timer(self, key, timestamp, ctx):
+            return self.out
+
+    for out, said in (("kn", "a str"), ((1, 2), "a tuple holding a int"), ([{"k": 1, "n": 1}, 3], "a list holding")):
+        fire = task._TimerOutput(Timers(out), ["k", "n"])
+        fire.ctx = mock.Mock()
+        with pytest.raises(TypeError, match=f"on_timer must return a dict, a DataFrame, a list of dicts or None, "
+                           f"got {said}"):
+            fire(5, 1, None, TimeDomain.EVENT_TIME)
+    fire = task._TimerOutput(Timers([{"k": 1, "n": 2}, {"n": 3, "k": 4}]), ["k", "n"])
+    fire.ctx = mock.Mock()
+    fire(5, 1, None, TimeDomain.EVENT_TIME)
+    assert [f.values.tolist() for f in fire.drain()] == [[[1, 2], [4, 3]]]
+
+
+class _EventTimeTimerWithoutEventTime:
+    def open(self, ctx):
+        self.timers = ctx.get_timer_service()
+
+    def process(self, batch, ctx):
+        for _key, _rows in ctx.groups(batch):
+            self.timers.register_event_time_timer(10)
+
+
+def test_event_time_timers_without_an_event_time_column_fail_instead_of_never_firing(tmp_path: Path) -> None:
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(1, 64, "spark-murmur3-42:bigint")
+    plan = Plan(loc, layout, ["k"], ["bigint"], _EventTimeTimerWithoutEventTime, ["k", "n"], False, 0, warm_key=("t",))
+    with pytest.raises(RuntimeError, match="registered event-time timers .service 'timers'.* no event_time= column"):
+        list(run_partition(plan, iter([_batch(0)])))
+    assert loc.storage(layout, layout.range_of(0)).checkpoints() == []
     task._WARM.clear()

@@ -180,17 +180,22 @@ class Location:
         """The storages of ``layout`` and the layouts before it that hold key groups of ``kg_range``."""
         return [s for old in self._up_to(layout) for s in self._covering(old, kg_range)]
 
-    def sources(self, layout: Layout, kg_range: KeyGroupRange, version: int) -> list[CheckpointStorage]:
+    def sources(
+        self, layout: Layout, kg_range: KeyGroupRange, version: int, pinned: bool = False
+    ) -> list[CheckpointStorage]:
         """The storages holding ``version`` of the key groups of ``kg_range``
         (the range's own when it has it), newest layout first; ``FileNotFoundError``
-        when no layout holds it whole."""
+        when no layout holds it whole (``pinned``: the caller chose ``version``)."""
         for old in reversed(self._up_to(layout)):
             found = self._covering(old, kg_range)
             if all(version in s.checkpoints() for s in found):
                 return found
+        why = (
+            f"given batch_id={version}, did the run of batch_id={version - 1} not happen? every batch id from 0 on "
+            "needs its run" if pinned else "the query's checkpoint is ahead of its state: was the state directory "
+            "deleted or replaced?"
+        )
         raise FileNotFoundError(
-            f"no state of version {version} for key groups {kg_range.start}..{kg_range.end} under "
-            f"{self._path()!r}: the query's checkpoint is ahead of its state (was the state directory "
-            f"deleted or replaced? or, given batch_id={version}, did the run of batch_id={version - 1} not "
-            f"happen? every batch id from 0 on needs its run)"
+            f"no state of version {version} for key groups {kg_range.start}..{kg_range.end} under {self._path()!r} "
+            f"({why})"
         )

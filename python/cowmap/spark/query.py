@@ -22,6 +22,10 @@ from cowmap.state.keygroups import _check_parallelism, spark_key_hash
 __all__ = ["apply_with_state"]
 
 _OPERATOR_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+#: the key columns' types, as Spark names them
+_KEY_TYPES = ("tinyint", "smallint", "int", "bigint", "float", "double", "string", "binary", "boolean")
+_TIMES = ("date", "timestamp", "timestamp_ntz")
+_EVENT_TIME_TYPES = ("timestamp", "timestamp_ntz", "tinyint", "smallint", "int", "bigint")
 
 
 def apply_with_state(
@@ -102,14 +106,13 @@ def apply_with_state(
         if k not in fields:
             raise ValueError(f"unknown key column {k!r}; the DataFrame has {list(fields)}")
     key_types = [fields[k].dataType.simpleString() for k in key_list]
-    spark_type_codes(key_types)  # ValueError naming an unsupported key type
     for k, t in zip(key_list, key_types, strict=True):
-        if t in ("date", "timestamp", "timestamp_ntz"):
-            # (pandas hands them over as datetime objects, not the days or microseconds Spark hashes)
-            raise ValueError(
-                f"key column {k!r} is a {t}: cowmap.spark keys by ints, strings, binary, booleans and floats; "
-                f"key by its number instead (e.g. unix_micros({k}) or unix_date({k}))"
-            )
+        if t not in _KEY_TYPES:
+            # (a date or timestamp: pandas hands them over as datetime objects, not the days or
+            # microseconds Spark hashes)
+            hint = f"; key by its number instead (e.g. unix_micros({k}) or unix_date({k}))" if t in _TIMES else ""
+            raise ValueError(f"key column {k!r} is a {t}: cowmap.spark keys by {', '.join(_KEY_TYPES)}{hint}")
+    spark_type_codes(key_types)
     if not callable(processor):
         raise TypeError(f"processor must be a class (or callable) making the processor, not {type(processor).__name__}")
     if not callable(getattr(processor, "process", None)) and isinstance(processor, type):
@@ -132,10 +135,15 @@ def apply_with_state(
         raise ValueError(f"num_partitions {num_partitions} exceeds max_parallelism {max_parallelism}")
     if event_time is not None and event_time not in fields:
         raise ValueError(f"unknown event_time column {event_time!r}; the DataFrame has {list(fields)}")
+    if event_time is not None and (t := fields[event_time].dataType.simpleString()) not in _EVENT_TIME_TYPES:
+        raise ValueError(
+            f"event_time column {event_time!r} is a {t}: it must be a timestamp or epoch milliseconds in an "
+            f"integer column ({', '.join(_EVENT_TIME_TYPES)})"
+        )
     zone: tzinfo | str = timezone.utc  # (a timestamp_ntz's wall-clock times are in no zone: taken as UTC's)
     if event_time is not None and fields[event_time].dataType.simpleString() == "timestamp":
         zone = session_zone(df.sparkSession.conf.get("spark.sql.session.timeZone") or "UTC")
-    if not isinstance(watermark_delay_ms, int) or watermark_delay_ms < 0:
+    if not isinstance(watermark_delay_ms, int) or isinstance(watermark_delay_ms, bool) or watermark_delay_ms < 0:
         raise ValueError(f"watermark_delay_ms must be an int >= 0, got {watermark_delay_ms!r}")
     if batch_id is not None:
         if df.isStreaming:

@@ -24,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 
+from cowmap._context import StateView
 from cowmap._core import ManualClock
 from cowmap.checkpoint import CheckpointStorage
 from cowmap.spark.context import StateContext
@@ -111,7 +112,7 @@ def _load(plan: Plan, kg_range: KeyGroupRange, version: int, me: Writer) -> tupl
             if newest is not None:
                 _times_of(plan, storage, newest, me)
         return warm, []
-    sources = plan.location.sources(plan.layout, kg_range, version)
+    sources = plan.location.sources(plan.layout, kg_range, version, plan.pinned)
     marks, times = zip(*(_times_of(plan, storage, version, me) for storage in sources), strict=True)
     # a range made of several old ones: the slowest old watermark (as Flink takes
     # the minimum over its inputs), the latest time
@@ -140,9 +141,15 @@ def _times_of(plan: Plan, storage: CheckpointStorage, version: int, me: Writer) 
     return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
 
 
-def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame:
+def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame | None:
+    """``out`` with the schema's columns in order; None for an empty frame
+    without columns (nothing to emit)."""
     if not isinstance(out, pd.DataFrame):
         raise TypeError(f"cowmap.spark: {where} must return pandas DataFrames, got {type(out).__name__}")
+    if out.shape == (0, 0):
+        return None
+    if not out.columns.is_unique:
+        raise ValueError(f"cowmap.spark: {where} returned columns {list(out.columns)}, some of them twice")
     missing = [c for c in columns if c not in out.columns]
     if missing:
         raise ValueError(
@@ -156,14 +163,22 @@ def _outputs(result: Any, columns: list[str], where: str) -> Iterator[pd.DataFra
     if result is None:
         return
     if isinstance(result, pd.DataFrame):
-        yield _check_output(result, columns, where)
-        return
-    if not isinstance(result, Iterable):
+        frames: Iterable[Any] = [result]
+    elif isinstance(result, Iterable) and not isinstance(result, str | bytes | dict | pd.Series):
+        frames = result
+    else:
         raise TypeError(
             f"cowmap.spark: {where} must return a DataFrame or an iterator of them, not {type(result).__name__}"
         )
-    for out in result:
-        yield _check_output(out, columns, where)
+    for out in frames:
+        if not isinstance(out, pd.DataFrame):
+            raise TypeError(
+                f"cowmap.spark: {where} returned a {type(result).__name__} holding a {type(out).__name__}: it must "
+                "return a DataFrame or an iterator (a list, a generator) of DataFrames"
+            )
+        checked = _check_output(out, columns, where)
+        if checked is not None:
+            yield checked
 
 
 class _TimerOutput:
@@ -191,22 +206,40 @@ class _TimerOutput:
         if isinstance(out, dict):
             self.rows.append(out)
         elif isinstance(out, pd.DataFrame):
-            self.frames.append(_check_output(out, self.columns, "on_timer"))
+            self.frames.extend(_outputs(out, self.columns, "on_timer"))
         else:
-            for row in out:
+            rows = list(out) if isinstance(out, Iterable) and not isinstance(out, str | bytes | pd.Series) else [out]
+            for row in rows:
                 if not isinstance(row, dict):
                     raise TypeError(
-                        "cowmap.spark: on_timer must return a dict, a DataFrame, a list of dicts or None, "
-                        f"got a {type(row).__name__} in a list"
+                        "cowmap.spark: on_timer must return a dict, a DataFrame, a list of dicts or None, got "
+                        + (f"a {type(out).__name__}" if row is out else f"a {type(out).__name__} holding a "
+                           f"{type(row).__name__}")
                     )
-                self.rows.append(row)
+            self.rows.extend(rows)
 
     def drain(self) -> Iterator[pd.DataFrame]:
         if self.rows:
-            yield _check_output(pd.DataFrame(self.rows), self.columns, "on_timer")
+            yield from _outputs(pd.DataFrame(self.rows), self.columns, "on_timer")
             self.rows = []
         yield from self.frames
         self.frames = []
+
+
+def _check_views(processor: Any, backend: KeyedStateBackend) -> None:
+    """``RuntimeError`` for a state view of another task's backend kept by the
+    processor (in a class attribute, say: the Python worker runs many tasks),
+    which would read and write the state of whatever key that backend last had."""
+    places = [("", vars(processor) if hasattr(processor, "__dict__") else {})]
+    places += [(f"{cls.__name__}.", vars(cls)) for cls in type(processor).__mro__ if cls is not object]
+    for where, attrs in places:
+        for name, value in list(attrs.items()):
+            if isinstance(value, StateView) and value._kc is not backend.key_context:
+                raise RuntimeError(
+                    f"cowmap.spark: the processor keeps state {getattr(value, 'name', '?')!r} of another task in "
+                    f"{where or 'self.'}{name}: each task has its own state (a Python worker runs many), so "
+                    "register states in open(ctx) and keep them on self"
+                )
 
 
 def _batch_frame(chunks: list[pd.DataFrame]) -> pd.DataFrame:
@@ -264,6 +297,7 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
         opened = getattr(processor, "open", None)
         if opened is not None:
             opened(ctx)
+            _check_views(processor, backend)
         for storage in restore:  # (after open: a state's own serializer reads its values)
             storage.restore(backend, batch_id)
         for name in backend.timer_service_names():
@@ -279,6 +313,12 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
             svc.advance_processing_time(warm.timestamp)
             if warm.watermark != NO_WATERMARK:
                 svc.advance_watermark(warm.watermark)
+            elif plan.event_time is None and svc.num_event_time_timers():
+                raise RuntimeError(
+                    f"cowmap.spark: the processor registered event-time timers (service {name!r}), which fire "
+                    "as the watermark passes them, but apply_with_state was given no event_time= column to "
+                    "make one: pass event_time=, or register processing-time timers"
+                )
             yield from timers.drain()
         closed = getattr(processor, "close", None)
         if closed is not None:
