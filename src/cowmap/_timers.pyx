@@ -85,7 +85,8 @@ cdef class TimerService:
     (key, namespace, timestamp) in each time domain, so registering it again
     does nothing. ``advance_watermark(wm)`` fires every event-time timer with a
     timestamp ``<= wm`` in timestamp order (those an ``on_timer`` registers at
-    or below ``wm`` too), each with its key current, calling ``on_timer(ts, key,
+    or below ``wm`` too; registering the very timer it fires is a RuntimeError,
+    as that would fire for ever), each with its key current, calling ``on_timer(ts, key,
     namespace, domain)``; ``advance_processing_time(now)`` does the same for
     processing-time timers. The caller's current key is current again after an
     advance (Flink leaves the last timer's key current). Timers of equal
@@ -108,6 +109,9 @@ cdef class TimerService:
     cdef list _kg_ints        # the key group numbers, as Python ints, by index
     cdef bint _busy           # inside a queue operation that may run Python (__eq__)
     cdef bint _firing[2]
+    # the timer on_timer runs for, per domain (its timestamp, key and namespace) while firing
+    cdef int64_t _fts[2]
+    cdef object _fkey0, _fns0, _fkey1, _fns1
     cdef int64_t _scheduled   # the processing time of the pending mail, INT64_MAX: none
     cdef bytearray _changed   # per domain and key group: 1 if its timers changed since the last cut
     cdef Py_ssize_t _mail_seq  # bumped per mail posted: only the newest one fires
@@ -169,10 +173,29 @@ cdef class TimerService:
             raise RuntimeError(f"{what} needs a current key: call set_current_key first")
         if namespace is None:
             namespace = self._void
+        if add and self._firing[d] and ts == self._fts[d] and self._is_firing(d, key, namespace):
+            raise RuntimeError(
+                f"on_timer registered the {'event' if d == EVENT else 'processing'}-time timer it is firing "
+                f"({ts}, the same key and namespace) "
+                "again: it would fire again at once, for ever; register it for a later time"
+            )
         r = self._apply(d, add, <uint32_t>(<long>kc.key_group - kc.lo), ts, key, namespace)
         if r == 1 and add and d == PROCESSING and ts < self._scheduled:
             self._schedule()
         return r
+
+    cdef bint _is_firing(self, int d, object key, object ns) except -1:
+        if d == EVENT:
+            return self._fkey0 is not None and key == self._fkey0 and ns == self._fns0
+        return self._fkey1 is not None and key == self._fkey1 and ns == self._fns1
+
+    cdef int _set_firing(self, int d, int64_t ts, object key, object ns) except -1:
+        self._fts[d] = ts
+        if d == EVENT:
+            self._fkey0, self._fns0 = key, ns
+        else:
+            self._fkey1, self._fns1 = key, ns
+        return 0
 
     cdef int _apply(self, int d, bint add, uint32_t g, int64_t ts, object key, object ns) except -1:
         """Add (or remove) timer (ts, key, ns) of key group index ``g``: 1 if the
@@ -273,6 +296,7 @@ cdef class TimerService:
                 Py_DECREF(key)  # the queue's references: ours are key and ns now
                 Py_DECREF(ns)
                 n += 1
+                self._set_firing(d, ts, key, ns)
                 if aec is not None:
                     aec.process(key, _TimerFiring(on_timer, ts, key, ns, domain, aec))
                 else:
@@ -280,6 +304,7 @@ cdef class TimerService:
                     on_timer(ts, key, ns, domain)
         finally:
             self._firing[d] = False
+            self._set_firing(d, 0, None, None)
             kc.restore(prev_key, prev_kg)
             cm_tq_end_fire(q)
         return n

@@ -107,6 +107,40 @@ def test_timers_registered_in_on_timer_fire_in_the_same_advance_when_due() -> No
     assert svc.num_event_time_timers() == 2  # (5, k) and (100, other)
 
 
+@pytest.mark.parametrize("domain", ["event", "processing"])
+def test_on_timer_registering_the_timer_it_fires_is_an_error_not_an_endless_loop(domain: str) -> None:
+    """The timer firing, registered again from its own on_timer, would be due at once and fire
+    for ever (Flink's heap backend loops): a RuntimeError instead. The same time for another
+    key or namespace, and an earlier one, still fire in the advance."""
+    b = KeyedStateBackend()
+    fired = []
+
+    def on_timer(ts: int, key: Any, ns: Any, d: Any) -> None:
+        fired.append((ts, key, ns))
+        register = getattr(svc, f"register_{domain}_time_timer")
+        if key == "k" and ns is VOID_NAMESPACE:
+            register(ts, namespace="other")  # another namespace, and another key
+            at(b, "j")
+            register(ts)
+            register(ts - 1)
+            at(b, "k")
+            register(ts)
+
+    svc = b.get_timer_service("t", on_timer)
+    at(b, "k")
+    getattr(svc, f"register_{domain}_time_timer")(5)
+    advance = svc.advance_watermark if domain == "event" else svc.advance_processing_time
+    with pytest.raises(RuntimeError, match=f"registered the {domain}-time timer it is firing .5, the same key and "
+                       "namespace. again: it would fire again at once, for ever"):
+        advance(10)
+    assert fired == [(5, "k", VOID_NAMESPACE)]
+    assert b.get_current_key() == "k"
+    fired.clear()
+    advance(11)
+    assert sorted(fired, key=str) == sorted([(4, "j", VOID_NAMESPACE), (5, "j", VOID_NAMESPACE), (5, "k", "other")],
+                                            key=str)
+
+
 def test_on_timer_raising_stops_firing_and_keeps_the_rest() -> None:
     b = KeyedStateBackend()
     fired = []
