@@ -141,11 +141,9 @@ def _times_of(plan: Plan, storage: CheckpointStorage, version: int, me: Writer) 
     return int(meta.get("watermark", NO_WATERMARK)), int(meta.get("timestamp", 0))
 
 
-def _check_output(out: Any, columns: list[str], where: str) -> pd.DataFrame | None:
+def _check_output(out: pd.DataFrame, columns: list[str], where: str) -> pd.DataFrame | None:
     """``out`` with the schema's columns in order; None for an empty frame
     without columns (nothing to emit)."""
-    if not isinstance(out, pd.DataFrame):
-        raise TypeError(f"cowmap.spark: {where} must return pandas DataFrames, got {type(out).__name__}")
     if out.shape == (0, 0):
         return None
     if not out.columns.is_unique:
