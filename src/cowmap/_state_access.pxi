@@ -348,8 +348,25 @@ cdef int _append(StateView self, TableCore t, KeyContext kc, object value, list 
     if lst is None:
         cm_put(&cm.m, key, ns, flat, now)
     else:
+        if t.cleanup_size:
+            _drop_expired_head(<list?>lst, ttl, now)
         lst.extend(flat)
         cm_set_timestamp(&cm.m, key, ns, now)
+    return 0
+
+
+cdef int _drop_expired_head(list flat, int64_t ttl, int64_t now) except -1:
+    """Background cleanup of a list that keeps growing: the sweep drops a list
+    once its newest element expired, so an append drops the expired elements
+    before the first live one, once the middle element has expired (appends
+    stamp in time order, so then about half the list goes): O(1) amortised per
+    append, and the list holds at most about twice its live elements."""
+    cdef Py_ssize_t i = 1, n = len(flat)
+    if n < 2 or not cm_expired(flat[2 * (n // 4) + 1], ttl, now):
+        return 0
+    while i < n and cm_expired(flat[i], ttl, now):
+        i += 2
+    del flat[:i - 1]
     return 0
 
 

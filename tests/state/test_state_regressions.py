@@ -192,3 +192,46 @@ def test_map_state_entries_add_nothing_to_a_full_collection(ukey) -> None:
     backend.set_current_key(3)
     keys = ms.keys()
     assert len(keys) == per_key and keys[-1] == ukey(per_key) and ukey(7) not in keys
+
+
+def _stored_elements(backend: KeyedStateBackend, name: str) -> int:
+    t = backend._table(name)
+    return sum(len(e[2]) // 2 for kg in t.live for e in t.maps[kg])
+
+
+@pytest.mark.parametrize("visibility", ["never", "return_expired"])
+def test_a_list_that_keeps_growing_drops_its_expired_elements_with_background_cleanup(visibility: str) -> None:
+    """The sweep drops a list once its newest element expired, so a list appended to for ever
+    kept every expired element (memory without bound; Flink's incremental cleanup rewrites a
+    partly expired list). With background cleanup an append drops the expired head: the list
+    holds at most about twice its live elements, and reads see the live ones as before. Without
+    it the elements stay, as in Flink."""
+    from cowmap.state import StateVisibility
+
+    clock = [0]
+    for cleanup in (True, False):
+        backend = KeyedStateBackend(8, time_provider=lambda: clock[0])
+        builder = StateTtlConfig.new_builder(timedelta(seconds=1))
+        if visibility == "return_expired":
+            builder = builder.set_state_visibility(StateVisibility.ReturnExpiredIfNotCleanedUp)
+        if not cleanup:
+            builder = builder.disable_cleanup_in_background()
+        desc = ListStateDescriptor("clicks")
+        desc.enable_time_to_live(builder.build())
+        clicks = backend.get_list_state(desc)
+        most = 0
+        for i in range(3_000):
+            clock[0] = i * 10  # 100 elements live at a time
+            for user in range(3):
+                backend.set_current_key(user)
+                clicks.add(i)
+            most = max(most, _stored_elements(backend, "clicks"))
+        backend.set_current_key(0)
+        got = clicks.get()
+        if cleanup:
+            assert most <= 3 * 2 * 101
+            assert got[-100:] == list(range(2_900, 3_000)) and len(got) <= 2 * 101
+        else:
+            assert most == 3 * 3_000
+        if visibility == "never" or not cleanup:
+            assert got == (list(range(2_900, 3_000)) if visibility == "never" else list(range(3_000)))

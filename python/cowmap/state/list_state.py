@@ -3,9 +3,11 @@
 Without TTL the core entry holds a plain Python list. With TTL each element
 carries its own timestamp: the list is stored flat, ``[v0, ts0, v1, ts1, ...]``,
 and the core entry's timestamp is the newest element's, so the C sweep drops a
-list whose elements have all expired. As in Flink, a read keeps the expired
-elements of a partly live list (they stay visible under
-``ReturnExpiredIfNotCleanedUp``) unless ``OnReadAndWrite`` rewrites it.
+list whose elements have all expired; with background cleanup, an append drops
+the expired head of a list half expired (a list appended to for ever never
+wholly expires). As in Flink, a read keeps the expired elements of a partly
+live list (they stay visible under ``ReturnExpiredIfNotCleanedUp``) unless
+``OnReadAndWrite`` rewrites it.
 """
 
 from __future__ import annotations
