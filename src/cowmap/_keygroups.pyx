@@ -123,8 +123,8 @@ def column_key_groups(keys, long max_parallelism, long lo, long hi):
             key = (<tuple>keys)[i]
             try:
                 kh_hash(key, &h, 0)
-            except TypeError as e:
-                raise TypeError(f"keys[{i}]: {e}") from None
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"keys[{i}]: {e}") from None
             kg = kh_murmur(h) % max_parallelism
             if kg < lo or kg > hi:
                 raise _outside(i, key, kg, lo, hi)
@@ -197,11 +197,14 @@ def spark_type_codes(types):
     return tuple(out)
 
 
-cdef int32_t _spark_hash_one(object v, int code, int32_t seed, Py_ssize_t col) except? -1:
+cdef int32_t _spark_hash_one(object v, int code, int32_t seed, Py_ssize_t col, bint nan_ok=True) except? -1:
     cdef Py_ssize_t n = 0
     cdef const char *p
     if v is None:
         raise ValueError(f"key column {col} is null: a key must not be null (Spark's hash would skip it)")
+    if not nan_ok and (code == SH_FLOAT or code == SH_DOUBLE) and v != v:
+        raise ValueError(f"key column {col} is NaN: a NaN equals no other NaN in Python, so its state could "
+                         "never be found again")
     if code == SH_INT:
         return sh_hash_int(<int32_t>v, seed)
     if code == SH_LONG:
@@ -223,15 +226,15 @@ cdef int32_t _spark_hash_one(object v, int code, int32_t seed, Py_ssize_t col) e
     return sh_hash_double(<double>v, seed)
 
 
-cdef int32_t _spark_hash(object key, tuple codes) except? -1:
+cdef int32_t _spark_hash(object key, tuple codes, bint nan_ok=True) except? -1:
     cdef int32_t h = SH_SEED
     cdef Py_ssize_t i, n = len(codes)
     if n == 1 and type(key) is not tuple:
-        return _spark_hash_one(key, codes[0], h, 0)
+        return _spark_hash_one(key, codes[0], h, 0, nan_ok)
     if type(key) is not tuple or len(<tuple>key) != n:
         raise ValueError(f"a key of {n} columns must be a tuple of {n} values, not {key!r}")
     for i in range(n):
-        h = _spark_hash_one((<tuple>key)[i], codes[i], h, i)
+        h = _spark_hash_one((<tuple>key)[i], codes[i], h, i, nan_ok)
     return h
 
 
@@ -302,8 +305,8 @@ def spark_key_groups(columns, codes, long max_parallelism):
 
 
 cdef long spark_key_group_of(object key, tuple codes, long max_parallelism) except -1:
-    """``spark_key_group`` for the key context (_context.pyx)."""
-    return sh_pmod(_spark_hash(key, codes), <int32_t>max_parallelism)
+    """``spark_key_group`` for the key context (_context.pyx): a NaN is refused."""
+    return sh_pmod(_spark_hash(key, codes, False), <int32_t>max_parallelism)
 
 
 def spark_column_key_groups(keys, tuple codes, long max_parallelism, long lo, long hi):
@@ -320,10 +323,15 @@ def spark_column_key_groups(keys, tuple codes, long max_parallelism, long lo, lo
         out = result
         for i in range(n):
             try:
-                out[i] = sh_pmod(_spark_hash((<tuple>keys)[i], codes), <int32_t>max_parallelism)
+                out[i] = sh_pmod(_spark_hash((<tuple>keys)[i], codes, False), <int32_t>max_parallelism)
             except (TypeError, ValueError, OverflowError) as e:
                 raise type(e)(f"keys[{i}]: {e}") from None
     else:
+        if codes[0] in (SH_FLOAT, SH_DOUBLE) and type(keys) is tuple:
+            for i in range(len(<tuple>keys)):
+                if (<tuple>keys)[i] != (<tuple>keys)[i]:
+                    raise ValueError(f"keys[{i}]: a key must not be NaN: a NaN equals no other NaN in Python, so "
+                                     "its state could never be found again")
         result = spark_key_groups([keys], codes, max_parallelism)
         out = result
         n = len(result)

@@ -413,6 +413,8 @@ cdef object _VOID = None        # VOID_NAMESPACE
 cdef object _NONE_VALUE = None  # what a user map stores for a None value
 cdef object _NS_MARKER = None   # the last item of a namespaced core namespace
 cdef object _MAP_ABSENT = object()
+cdef str _NAN_USER_KEY = ("MapState user keys must not be NaN: a NaN equals no other NaN in Python, so its "
+                          "entry could never be found again")
 
 
 cdef int _map_markers() except -1:
@@ -520,6 +522,8 @@ def map_state_put(StateView self, key, value):
         raise self._no_key()
     if key is None:
         raise TypeError("MapState user keys must not be None")
+    if type(key) is float and key != key:
+        raise ValueError(_NAN_USER_KEY)
     m = (<list?>t.maps)[<Py_ssize_t>kg]
     if m is None:
         m = t.map_for_write(kg)

@@ -125,7 +125,11 @@ static int kh_double(double d, int32_t *out) {
         Py_DECREF(i);
         return r;
     }
-    if (d != d) d = __builtin_nan("");                              /* Java: canonical NaN */
+    if (d != d) {  /* (Java hashes a canonical NaN, but a NaN equals no NaN in Python: never found again) */
+        PyErr_SetString(PyExc_ValueError, "a key must not be NaN: a NaN equals no other NaN in Python, so "
+                                          "its state could never be found again");
+        return -1;
+    }
     uint64_t bits;
     memcpy(&bits, &d, sizeof bits);
     if (d == 0.0) bits = 0;                                         /* -0.0 == 0.0 == 0 */

@@ -675,3 +675,41 @@ def test_builder_flag_of_a_wrong_type_raises_type_error(value: Any) -> None:
     """The builder checks as the constructor does (it used to take any truthy value)."""
     with pytest.raises(TypeError, match="run_cleanup_for_every_record"):
         StateTtlConfig.new_builder(timedelta(seconds=1)).cleanup_incrementally(5, value)
+
+
+@pytest.mark.parametrize("spark", [False, True])
+def test_a_nan_key_namespace_or_user_key_is_refused_before_anything_is_written(spark: bool) -> None:
+    """A NaN equals no other NaN in Python: state written under one (each column row, each float
+    object a new NaN) could never be read, cleared or found again, and piled up. Refused as a key
+    (alone or in a tuple), as a namespace, a timer's namespace and a MapState user key, on the
+    per-key calls and the columnar ones, for Flink's and Spark's key groups."""
+    import numpy as np
+
+    nan = float("nan")
+    b = KeyedStateBackend(128, spark_key_types=["double", "bigint"] if spark else None)
+    v = b.get_state(ValueStateDescriptor("v"))
+    m = b.get_map_state(MapStateDescriptor("m"))
+    timers = b.get_timer_service("t", lambda *a: None)
+    key = (1.5, 2) if spark else 1.5
+    bad_keys = [(nan, 2), (np.float64("nan"), 2)] if spark else [nan, (1, nan), np.float64("nan")]
+    for k in bad_keys:
+        with pytest.raises(ValueError, match="NaN"):
+            b.set_current_key(k)
+        with pytest.raises(ValueError, match=r"keys\[1\].*NaN"):
+            v.update_many([key, k], [1, 2])
+    if not spark:
+        with pytest.raises(ValueError, match=r"keys\[1\].*NaN"):
+            v.update_many(np.array([1.0, np.nan]), [1, 2])
+    b.set_current_key(key)
+    with pytest.raises(ValueError, match="namespace must not be NaN"):
+        v.set_current_namespace(nan)
+    with pytest.raises(ValueError, match="namespace must not be NaN"):
+        v.update_many([key], [1], namespace=nan)
+    with pytest.raises(ValueError, match="timer's namespace must not be NaN"):
+        timers.register_event_time_timer(5, namespace=nan)
+    for write in (lambda: m.put(nan, 1), lambda: m.put_all({nan: 1}),
+                  lambda: m.put_many([key], np.array([np.nan]), [1]), lambda: m.put_many([key], [nan], [1])):
+        with pytest.raises(ValueError, match="user keys must not be NaN"):
+            write()
+    assert b.num_entries() == 0 and timers.num_event_time_timers() == 0
+    assert b.get_current_key() == key

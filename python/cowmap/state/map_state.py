@@ -32,6 +32,9 @@ __all__ = ["MapState", "MapTable"]
 
 #: What ``MapState._lookup`` returns for a user key that is absent or hidden (expired).
 _ABSENT = object()
+_NAN_USER_KEY = (
+    "MapState user keys must not be NaN: a NaN equals no other NaN in Python, so its entry could never be found again"
+)
 
 
 class MapTable(StateTable):
@@ -150,6 +153,8 @@ class MapState(AsyncMapMethods, State):
         for ukey, value in items:
             if ukey is None:
                 raise TypeError("MapState user keys must not be None")
+            if isinstance(ukey, float) and ukey != ukey:
+                raise ValueError(_NAN_USER_KEY)
             insert(ctx, ukey, value, ts)
 
     def items(self) -> list[tuple[Any, Any]]:
@@ -205,10 +210,15 @@ class MapState(AsyncMapMethods, State):
                 raise TypeError(
                     f"user_keys[{nones[0]}] is None: MapState user keys must not be None; nothing was written"
                 )
+            nans = [i for i, uk in enumerate(uks) if uk != uk] if user_keys.dtype.kind == "f" else []
+            if nans:
+                raise ValueError(f"user_keys[{nans[0]}]: {_NAN_USER_KEY}; nothing was written")
             return uks
         for i, uk in enumerate(uks):
             if uk is None:
                 raise TypeError(f"user_keys[{i}] is None: MapState user keys must not be None; nothing was written")
+            if isinstance(uk, float) and uk != uk:
+                raise ValueError(f"user_keys[{i}]: {_NAN_USER_KEY}; nothing was written")
             try:
                 hash(uk)
             except TypeError:

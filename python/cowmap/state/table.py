@@ -330,6 +330,9 @@ class State(StateView):
                 raise TypeError(
                     f"namespace must be hashable, got {type(namespace).__name__} {namespace!r}"
                 ) from None
+            if isinstance(namespace, float) and namespace != namespace:
+                raise ValueError("namespace must not be NaN: a NaN equals no other NaN in Python, so its state "
+                                 "could never be found again")
         if locations is not None:
             same = locations.reuse(keys, namespace)  # the read's own copy and key groups
             if same is not None:
