@@ -182,7 +182,7 @@ cdef class ColumnLocations:
 cdef object _not_numeric(_Column col, Py_ssize_t i, object state, str want, str dtype):
     key = col.c.ikeys[i] if col.c.ikeys != NULL else (<tuple>col.keys)[i]
     return TypeError(f"the state of key {key!r} is {type(state).__name__} {state!r}, not {want}: "
-                     f"it cannot be read into a {dtype} array (read it with dtype=None)")
+                     f"it cannot be read into {'an' if dtype == 'int64' else 'a'} {dtype} array (read it with dtype=None)")
 
 
 cdef bint _is_np_scalar(object o):
@@ -305,7 +305,9 @@ def column_get(list maps not None, kgs, keys, namespace, now=0, ttl=0, refresh=F
                     overflow = 0
                     iv[i] = cm_as_int64(s, &overflow)
                     if overflow:
-                        values[i] = <object>s  # numpy's OverflowError
+                        key = col.c.ikeys[i] if col.c.ikeys != NULL else (<tuple>col.keys)[i]
+                        raise OverflowError(f"the state of key {key!r} is {<object>s!r}, beyond int64: it cannot be "
+                                            "read into an int64 array (read it with dtype=None)")
                 elif not exact and _is_np_scalar(<object>s) and (<object>s).dtype.kind in "iu":
                     values[i] = <object>s  # numpy's integer scalars
                 else:

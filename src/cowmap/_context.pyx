@@ -91,10 +91,15 @@ cdef public class KeyContext [object cm_KeyContext, type cm_KeyContextType]:
         self.restore(key, key_group)
 
     def now(self):
-        """The clock's time in milliseconds (``TypeError`` if it returns no int)."""
+        """The clock's time in milliseconds (``TypeError`` if it returns no int,
+        ``ValueError`` for one beyond int64)."""
         now = self.clock()
         if type(now) is not int:
-            raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
+            if type(now) is bool or not hasattr(type(now), "__index__"):
+                raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
+            now = now.__index__()  # (numpy integers)
+        if not -(2**63) <= now < 2**63:
+            raise ValueError(f"time_provider's time {now} is beyond int64 milliseconds")
         return now
 
     def column_key_groups(self, keys):

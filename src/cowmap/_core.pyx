@@ -112,9 +112,10 @@ cdef inline int64_t _as_ts(object ts, str what="ts") except? -1:
 
 cdef inline int64_t _as_time(object t, str what="ts") except? -1:
     """A timestamp argument: an int (ms), or a time provider -- a callable
-    returning int ms, called once here (``wall_clock_ms`` is read in C)."""
+    returning int ms (a numpy integer too), called once here (``wall_clock_ms``
+    is read in C). ``ValueError`` for a time beyond int64."""
     if type(t) is int:
-        return t
+        return _int64_ms(t, what)
     if t is _WALL_CLOCK:
         return _wall_ms()
     if type(t) is ManualClock:
@@ -122,9 +123,18 @@ cdef inline int64_t _as_time(object t, str what="ts") except? -1:
     if callable(t) and not PyIndex_Check(t):  # (the type's __index__ slot: no lookup that may raise)
         now = t()
         if type(now) is not int:
-            raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
-        return now
+            if type(now) is bool or not PyIndex_Check(now):
+                raise TypeError(f"time_provider must return int milliseconds, got {now!r}")
+            now = PyNumber_Index(now)
+        return _int64_ms(now, "time_provider's time")
     return _as_ts(t, what)
+
+
+cdef inline int64_t _int64_ms(object v, str what) except? -1:
+    try:
+        return v
+    except OverflowError:
+        raise ValueError(f"{what} {v} is beyond int64 milliseconds") from None
 
 
 cdef int _sweep_args(object max_entries, object removed, Py_ssize_t *n, PyObject **sink) except -1:
@@ -175,7 +185,7 @@ cdef inline int64_t _as_time_for(cm_map *m, object key, object ns, object t, str
     keyed states do); without that it is the miss the lookup would pay anyway."""
     cdef uint32_t h
     if type(t) is int:
-        return t
+        return _int64_ms(t, what)
     if _provider_hint(key, ns, t, &h):
         cm_hint_at(m, h, 1)
     return _as_time(t, what)

@@ -713,3 +713,74 @@ def test_a_nan_key_namespace_or_user_key_is_refused_before_anything_is_written(s
             write()
     assert b.num_entries() == 0 and timers.num_event_time_timers() == 0
     assert b.get_current_key() == key
+
+
+def test_columns_a_loop_would_see_otherwise_are_refused_or_read_as_the_loop_sees_them() -> None:
+    """A masked array's mask, and numpy datetimes (``tolist()`` makes ints of some units and
+    datetimes of others), were used silently: refused. A pandas datetime column gives the
+    Timestamps a loop over it sees; pyarrow tables are not columns."""
+    import numpy as np
+    import pandas as pd
+    import pyarrow as pa
+
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("v"))
+    with pytest.raises(TypeError, match=r"values is a masked array: pass \.filled"):
+        v.update_many([1, 2], np.ma.array([1, 2], mask=[0, 1]))
+    with pytest.raises(TypeError, match=r"keys is a masked array"):
+        v.update_many(np.ma.array([1, 2], mask=[0, 1]), [1, 2])
+    for unit in ("ns", "us", "s", "D"):
+        with pytest.raises(TypeError, match=rf"values is a numpy datetime64\[{unit}\] array: pass \.astype"):
+            v.update_many([1], np.array(["2026-01-01"], dtype=f"datetime64[{unit}]"))
+    with pytest.raises(TypeError, match=r"keys is a numpy timedelta64\[ns\] array"):
+        v.get_many(np.array([7], dtype="timedelta64[ns]"))
+    stamps = pd.Series(pd.to_datetime(["2026-01-01", "2026-01-02"]))
+    v.update_many([1, 2], stamps)
+    assert v.get_many([1, 2]) == list(stamps)  # Timestamps, as `for s in stamps` gives
+    with pytest.raises(TypeError, match="stable key hash for Timestamp"):
+        v.get_many(stamps)  # a Timestamp key, as set_current_key(stamps[0]) refuses it
+    table = pa.table({"k": [1, 2]})
+    for bad in (table, table.to_batches()[0]):
+        with pytest.raises(TypeError, match=f"keys must be a pyarrow Array or ChunkedArray, not {type(bad).__name__}"):
+            v.get_many(bad)
+    assert b.num_entries() == 2
+
+
+def test_an_int64_read_refuses_a_default_or_a_state_beyond_int64_by_name() -> None:
+    import numpy as np
+
+    b = KeyedStateBackend()
+    v = b.get_state(ValueStateDescriptor("v"))
+    v.update_many([1, 2], [5, 2**64])
+    for bad in (1.5, "x", 2**63):
+        with pytest.raises(TypeError, match=rf"default={bad!r} does not fit an int64 read; nothing was read"):
+            v.get_many([1], dtype=np.int64, default=bad)
+    with pytest.raises(TypeError, match="default='x' does not fit a float64 read"):
+        v.get_many([1], dtype=np.float64, default="x")
+    assert v.get_many([1, 3], dtype=np.int64, default=np.int64(7)).tolist() == [5, 7]
+    with pytest.raises(OverflowError, match=r"state of key 2 is 18446744073709551616, beyond int64: .* dtype=None"):
+        v.get_many([1, 2], dtype=np.int64, default=0)
+
+
+def test_a_clock_may_return_numpy_ints_and_one_beyond_int64_is_named() -> None:
+    import numpy as np
+
+    now: list[Any] = [np.int64(10)]
+    b = KeyedStateBackend(time_provider=lambda: now[0])
+    desc = ValueStateDescriptor("v")
+    desc.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=100)).build())
+    v = b.get_state(desc)
+    b.set_current_key("k")
+    v.update(1)
+    v.update_many(["j"], [2])
+    now[0] = np.int32(109)
+    assert v.value() == 1 and v.get_many(["j"]) == [2]
+    now[0] = 110
+    assert v.value() is None
+    now[0] = 2**70
+    for access in (lambda: v.update(1), lambda: v.get_many(["j"])):
+        with pytest.raises(ValueError, match="time_provider's time 1180591620717411303424 is beyond int64"):
+            access()
+    now[0] = True
+    with pytest.raises(TypeError, match="time_provider must return int milliseconds, got True"):
+        v.update(1)

@@ -28,8 +28,11 @@ _FLOAT64 = np.dtype(np.float64)
 
 def _from_pandas(col: Any) -> Any:
     """A pandas Series or Index as a numpy array; missing values of extension
-    dtypes (``pd.NA``) as None."""
+    dtypes (``pd.NA``) as None; datetimes and timedeltas as the Timestamps and
+    Timedeltas a loop over the column sees."""
     dtype = col.dtype
+    if getattr(dtype, "kind", None) in ("M", "m"):
+        return col.to_numpy(dtype=object)
     if isinstance(dtype, np.dtype):
         return col.to_numpy()
     if bool(col.isna().any()):
@@ -53,6 +56,7 @@ def _as_column(col: Any, what: str) -> Any:
     if isinstance(col, np.ndarray):
         if col.ndim != 1:
             raise ValueError(f"{what} must be one-dimensional, got an array of shape {col.shape}")
+        _check_plain(col, what)
         return col
     if isinstance(col, tuple):
         return col
@@ -64,18 +68,32 @@ def _as_column(col: Any, what: str) -> Any:
             raise ValueError(f"{what} must be one-dimensional (a Series or Index), got {type(col).__name__}")
         return _from_pandas(col)
     if module.startswith("pyarrow"):
-        if not hasattr(col, "to_pylist"):
+        if not hasattr(col, "to_pylist") or not hasattr(col, "type"):
             raise TypeError(f"{what} must be a pyarrow Array or ChunkedArray, not {type(col).__name__}")
         return _from_arrow(col)
     if hasattr(col, "__array__") and not isinstance(col, (list, range)):
         arr = np.asarray(col)
         if arr.ndim != 1:
             raise ValueError(f"{what} must be one-dimensional, got shape {arr.shape}")
+        _check_plain(arr, what)
         return arr
     try:
         return tuple(col)
     except TypeError:
         raise TypeError(f"{what} must be a column (an array, Series or sequence), not {type(col).__name__}") from None
+
+
+def _check_plain(arr: np.ndarray, what: str) -> None:
+    """``TypeError`` for a numpy array whose values a loop would not see as
+    they are stored: a masked array (its mask would be ignored) or datetimes
+    and timedeltas (``tolist()`` makes ints of some units, datetimes of others)."""
+    if isinstance(arr, np.ma.MaskedArray):
+        raise TypeError(f"{what} is a masked array: pass .filled(...) or .tolist() (None where masked)")
+    if arr.dtype.kind in "Mm":
+        raise TypeError(
+            f"{what} is a numpy {arr.dtype} array: pass .astype('int64') (a number of its unit) or a pandas "
+            "Series of it (Timestamps or Timedeltas)"
+        )
 
 
 def _fits_int64(arr: np.ndarray) -> bool:
@@ -141,6 +159,17 @@ def check_typed(dtype: Any, default: Any) -> int:
     if code == COL_INT64 and default is None:
         raise ValueError("an int64 read needs default= for keys with no value (there is no int64 NaN); "
                          "nothing was read")
+    if code != COL_LIST and default is not None:
+        # (the states themselves are held to the same rule: a float is not read into int64)
+        ok = (
+            isinstance(default, int | np.integer) and -(2**63) <= default < 2**63
+            if code == COL_INT64 else isinstance(default, int | float | np.integer | np.floating)
+        )
+        if not ok:
+            raise TypeError(
+                f"default={default!r} does not fit {'an int64' if code == COL_INT64 else 'a float64'} read; "
+                "nothing was read"
+            )
     return code
 
 
