@@ -99,6 +99,9 @@ def test_missing_data_file_is_corruption_not_fallback(tmp_path: Path) -> None:
 def test_cli_verify_names_the_damage(tmp_path: Path, capsys: Any) -> None:
     from cowmap.checkpoint.__main__ import main
 
+    (tmp_path / "empty").mkdir()
+    assert main(["verify", str(tmp_path / "empty")]) == 1  # nothing to vouch for
+    assert "no committed checkpoint in" in capsys.readouterr().out
     storage = small_checkpoint(tmp_path)
     assert main(["verify", str(tmp_path)]) == 0
     assert main(["inspect", str(tmp_path)]) == 0
@@ -139,3 +142,24 @@ def test_cli_on_a_missing_directory(tmp_path: Path, capsys: Any) -> None:
     assert main(["inspect", str(missing)]) == 2
     assert not missing.exists()
     assert "no checkpoint directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("files", [[], "abc", [{"name": "../../etc/passwd", "size": 1}], [{"name": 3, "size": 1}]])
+def test_a_manifest_whose_list_of_files_is_malformed_is_corrupt(tmp_path: Path, files: Any) -> None:
+    """A manifest rewritten with a matching checksum but no data files (or names outside the
+    directory) passed verify and failed restore with an IndexError: it is corrupt."""
+    import json
+
+    from cowmap.checkpoint.__main__ import main
+    from cowmap.checkpoint.fileformat import checksum
+
+    storage = small_checkpoint(tmp_path)
+    path = tmp_path / "chk-0000000002.manifest"
+    doc = json.loads(path.read_text())
+    body = json.loads(doc["manifest"])
+    body["files"] = files
+    text = json.dumps(body)
+    path.write_text(json.dumps({"manifest": text, "checksum": checksum(text.encode())}))
+    with pytest.raises(CorruptCheckpointError, match="its list of data files is missing or malformed"):
+        storage.restore(KeyedStateBackend(max_parallelism=4))
+    assert main(["verify", str(tmp_path)]) == 1

@@ -65,8 +65,12 @@ def inspect(storage: CheckpointStorage, cid: int | None) -> int:
 
 
 def verify(storage: CheckpointStorage, cid: int | None) -> int:
+    ids = _ids(storage, cid)
+    if not ids:  # (nothing to vouch for: a script checking a checkpoint before using it must not pass)
+        print(f"no committed checkpoint in {storage.uri}")
+        return 1
     bad = 0
-    for i in _ids(storage, cid):
+    for i in ids:
         try:
             m = storage.manifest(i)
             blocks = 0
