@@ -479,6 +479,7 @@ cdef object _map_lookup(StateView self, object ukey):
         _map_prefetch(e, ukey, ctx)
     _cleanup_tick(t)
     if e is None:
+        hash(ukey)  # (an unhashable user key is a TypeError whether or not the key group has entries)
         return _MAP_ABSENT
     if ttl == 0:
         v = fm_get(&e.m, ukey, ctx)
@@ -557,5 +558,7 @@ def map_state_remove(StateView self, key):
     ctx = _map_ctx(self, k)
     _cleanup_tick(t)
     u = t.users[kg]
-    if u is not None and fm_remove(&(<FlatStateMap?>u.values).m, key, ctx, NULL) == 1:
+    if u is None:
+        hash(key)  # (an unhashable user key is a TypeError whether or not the key group has entries)
+    elif fm_remove(&(<FlatStateMap?>u.values).m, key, ctx, NULL) == 1:
         _unlink(<CopyOnWriteStateMap?>u.links, <CopyOnWriteStateMap?>u.dirs, ctx, k, ns, key)

@@ -252,7 +252,8 @@ cdef class TimerService:
         """Fire every event-time timer at or before ``watermark``, in timestamp order;
         the number fired. A watermark not past the current one changes nothing
         (returns 0). If ``on_timer`` raises, firing stops there: the timers not
-        fired yet stay, the one that raised is gone (as in Flink)."""
+        fired yet stay (they fire at the next advance past this watermark),
+        the one that raised is gone (as in Flink)."""
         cdef int64_t wm = _as_ts(watermark, "watermark")
         self._check()
         if self._firing[EVENT]:

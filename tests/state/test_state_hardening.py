@@ -784,3 +784,18 @@ def test_a_clock_may_return_numpy_ints_and_one_beyond_int64_is_named() -> None:
     now[0] = True
     with pytest.raises(TypeError, match="time_provider must return int milliseconds, got True"):
         v.update(1)
+
+
+def test_an_unhashable_user_key_is_a_type_error_whether_or_not_the_key_has_entries() -> None:
+    """get, contains and remove returned None / False / None for an unhashable user key where the
+    key group had no entries yet, and raised where it had."""
+    b = KeyedStateBackend(max_parallelism=1)
+    m = b.get_map_state(MapStateDescriptor("m"))
+    b.set_current_key("k")
+    for have_entries in (False, True):
+        if have_entries:
+            m.put("u", 1)
+        for call in (m.get, m.contains, m.remove):
+            with pytest.raises(TypeError, match="unhashable"):
+                call([1])
+    assert m.items() == [("u", 1)]
