@@ -683,3 +683,90 @@ def test_event_time_timers_without_an_event_time_column_fail_instead_of_never_fi
         list(run_partition(plan, iter([_batch(0)])))
     assert loc.storage(layout, layout.range_of(0)).checkpoints() == []
     task._WARM.clear()
+
+
+def _partition_run(loc: Location, layout: Any, token: str, p: int, batch_id: int, processor: Any = CountPerKey) -> None:
+    """Partition ``p`` of batch DataFrame ``token`` (made at ``batch_id``) over ``_batch(0)``."""
+    b0 = _batch(0)
+    mine = b0[(b0[ROUTE_COLUMN] & 0xFFFF) * layout.num_partitions // 64 == p]
+    plan = Plan(loc, layout, ["k"], ["bigint"], processor, ["k", "n"], False, batch_id, warm_key=(token,),
+                token=token)
+    with mock.patch("pyspark.TaskContext.get", return_value=_Partition(p)):
+        list(run_partition(plan, iter([mine])))
+
+
+def test_a_run_redoing_one_that_failed_part_way_commits_whatever_order_its_tasks_run_in(tmp_path: Path) -> None:
+    """DataFrame a ran partition 0 only (a show(), or a job that failed in partition 1). The next
+    DataFrame redoes version 1: its partition 1 committing first makes version 1 whole, partly
+    its own, which must not make its partition 0 look stale."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(2, 64, "spark-murmur3-42:bigint")
+    _partition_run(loc, layout, "a", 0, loc.latest_version())
+    task._WARM.clear()
+    redo = loc.latest_version()
+    assert redo == 0
+    _partition_run(loc, layout, "b", 1, redo)
+    _partition_run(loc, layout, "b", 0, redo)
+    assert {loc.storage(layout, r).manifest(1)["metadata"]["plan"] for r in layout.ranges()} == {"b"}
+    with pytest.raises(RuntimeError, match="made to commit version 1"):  # a, after b's whole run
+        _partition_run(loc, layout, "a", 1, 0)
+    task._WARM.clear()
+
+
+def test_a_batch_dataframe_run_again_after_a_rescaled_run_is_refused(tmp_path: Path) -> None:
+    """The plan's copy of the location knows the layouts of its making: a run under another
+    number of partitions after it is read from the location at the commit."""
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    two = loc.use(2, 64, "spark-murmur3-42:bigint")
+    old = Location(str(tmp_path), "op")  # what DataFrame a's plan holds
+    for p in range(2):
+        _partition_run(old, two, "a", p, 0)
+    three = loc.use(3, 64, "spark-murmur3-42:bigint")
+    for p in range(3):
+        _partition_run(loc, three, "b", p, 1)
+    with pytest.raises(RuntimeError, match="made to commit version 1 .* taken to version 2"):
+        _partition_run(old, two, "a", 0, 0)
+    task._WARM.clear()
+
+
+class _CachesLazily:
+    """No open(): registers its state in process, once per Python worker, in a class attribute."""
+
+    count = None
+
+    def process(self, batch, ctx):
+        from cowmap import ValueStateDescriptor
+
+        if _CachesLazily.count is None:
+            _CachesLazily.count = ctx.get_state(ValueStateDescriptor("count", default_value=0))
+        for _key, rows in ctx.groups(batch):
+            _CachesLazily.count.update(_CachesLazily.count.value() + len(rows))
+
+
+class _KeyInOpen:
+    def open(self, ctx):
+        from cowmap import ValueStateDescriptor
+
+        self.count = ctx.get_state(ValueStateDescriptor("count", default_value=0))
+        ctx.set_current_key(1)
+
+    def process(self, batch, ctx):
+        return None
+
+
+def test_a_view_cached_by_process_and_a_key_set_in_open_are_refused(tmp_path: Path) -> None:
+    task._WARM.clear()
+    loc = Location(str(tmp_path), "op")
+    layout = loc.use(2, 64, "spark-murmur3-42:bigint")
+    try:
+        _partition_run(loc, layout, "c", 0, 0, _CachesLazily)
+        with pytest.raises(RuntimeError, match=r"keeps state 'count' of another task in _CachesLazily\.count"):
+            _partition_run(loc, layout, "c", 1, 0, _CachesLazily)  # checked before process writes anything
+    finally:
+        _CachesLazily.count = None
+    with pytest.raises(RuntimeError, match="open.. set a current key: it registers states and timer services"):
+        _partition_run(loc, layout, "k", 0, 0, _KeyInOpen)
+    assert loc.storage(layout, layout.range_of(1)).checkpoints() == []
+    task._WARM.clear()

@@ -79,20 +79,38 @@ def check_write(storage: CheckpointStorage, version: int, me: Writer, operator: 
 
 
 def check_current(location: Location, layout: Layout, storage: CheckpointStorage, version: int, me: Writer) -> None:
-    """Refuse a batch DataFrame's commit of ``version`` once a later run of the
-    state committed it or a later one: the DataFrame, made when ``version - 1``
+    """Refuse a batch DataFrame's commit of ``version`` once another run
+    committed it whole or a later one: the DataFrame, made when ``version - 1``
     was the newest, would take the state back (its commit drops the later
     versions) or drop that run's changes. Running the DataFrame again (another
     action) redoes its own run while no other followed it, and a run that
-    failed part way (``version`` held by some ranges only) is redone."""
-    ids = storage.checkpoints()
-    newest = max(ids, default=0)
-    if newest > version:
-        _stale(storage, version, newest)
-    if newest == version:
-        meta = storage.manifest(version).get("metadata") or {}
-        if meta.get("plan") not in (None, me.plan) and version in location.held_whole(layout):
+    failed part way (``version`` held by some ranges only, or by this run's
+    own tasks in some) is redone. Reads a manifest per range only when
+    ``version`` is there already under another operator definition."""
+    newest = max(storage.checkpoints(), default=0)
+    later = [v for v in _newer_layouts_versions(location, layout) if v >= version]
+    if newest > version or later:
+        _stale(storage, version, max([newest, *later]))
+    if newest == version and _plan_of(storage, version) not in (None, me.plan):
+        plans = [_plan_of(location.storage(layout, r), version) for r in layout.ranges()]
+        if all(p is not None and p != me.plan for p in plans):
             _stale(storage, version, newest)
+
+
+def _plan_of(storage: CheckpointStorage, version: int) -> str | None:
+    """The operator definition that wrote ``version`` here (None: absent, unreadable or unrecorded)."""
+    try:
+        return (storage.manifest(version).get("metadata") or {}).get("plan")
+    except (FileNotFoundError, CorruptCheckpointError):
+        return None
+
+
+def _newer_layouts_versions(location: Location, layout: Layout) -> list[int]:
+    """The versions held under layouts recorded after ``layout`` (a later run with another number
+    of partitions), read from the location now: the plan's copy knows the layouts of its making."""
+    now = Location(location.uri, location.operator)
+    return [v for later in now.layouts if later.id > layout.id for r in later.ranges()
+            for v in now.storage(later, r).checkpoints()]
 
 
 def _stale(storage: CheckpointStorage, version: int, newest: int) -> None:

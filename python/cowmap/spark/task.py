@@ -292,11 +292,19 @@ def run_partition(plan: Plan, chunks_in: Iterator[pd.DataFrame]) -> Iterator[pd.
     ctx = StateContext(backend, plan.keys, partition, batch_id, warm.timestamp, warm.watermark, timers)
     timers.ctx = ctx
     try:
+        # (no current key in open, as in Flink: the state of a worker without the backend is
+        # restored after it, with the serializers it registers)
+        backend.key_context.restore_key(None, None)
         opened = getattr(processor, "open", None)
         if opened is not None:
             opened(ctx)
-            _check_views(processor, backend)
-        for storage in restore:  # (after open: a state's own serializer reads its values)
+            if backend.get_current_key() is not None:
+                raise RuntimeError(
+                    "cowmap.spark: open() set a current key: it registers states and timer services, and "
+                    "keyed state is read and written in process and on_timer"
+                )
+        _check_views(processor, backend)
+        for storage in restore:
             storage.restore(backend, batch_id)
         for name in backend.timer_service_names():
             backend.get_timer_service(name, timers)  # (restored services fire into this batch's processor)
