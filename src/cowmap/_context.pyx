@@ -174,7 +174,7 @@ cdef public class StateView [object cm_StateView, type cm_StateViewType]:
         if namespace is None:
             raise TypeError("namespace must not be None (use VOID_NAMESPACE for no namespace)")
         hash(namespace)  # unhashable -> TypeError now, not at the first access
-        if type(namespace) is float and namespace != namespace:
+        if isinstance(namespace, float) and namespace != namespace:
             raise ValueError("namespace must not be NaN: a NaN equals no other NaN in Python, so its state "
                              "could never be found again")
         self._ns = namespace

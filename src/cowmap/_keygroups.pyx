@@ -24,7 +24,7 @@ cdef extern from "keyhash.h":
     int32_t kh_murmur(int32_t code)
     int32_t kh_int64(int64_t v)
     void kh_int64_groups_pow2(const int64_t *keys, int32_t *out, Py_ssize_t n, uint32_t mask) nogil
-    int kh_hash(object key, int32_t *out, int depth) except -1
+    int kh_hash(object key, int32_t *out, int depth, int nan_ok) except -1
 
 cdef inline int _check_max_parallelism(long max_parallelism) except -1:
     if max_parallelism < 1 or max_parallelism > 32768:
@@ -32,10 +32,11 @@ cdef inline int _check_max_parallelism(long max_parallelism) except -1:
     return 0
 
 
-cdef inline long _key_group(object key, long max_parallelism) except -1:
-    """Flink's key group of ``key``; TypeError for None / unhashable keys."""
+cdef inline long _key_group(object key, long max_parallelism, bint nan_ok=True) except -1:
+    """Flink's key group of ``key``; TypeError for None / unhashable keys,
+    ValueError for a NaN unless ``nan_ok`` (Java's hash of it)."""
     cdef int32_t h = 0
-    kh_hash(key, &h, 0)
+    kh_hash(key, &h, 0, nan_ok)
     return kh_murmur(h) % max_parallelism
 
 
@@ -45,7 +46,7 @@ def key_hash(key):
     Equal keys get equal hashes, in every process (unlike ``hash()``, salted for str).
     """
     cdef int32_t h = 0
-    kh_hash(key, &h, 0)
+    kh_hash(key, &h, 0, True)
     return h
 
 
@@ -91,8 +92,8 @@ def key_groups_for(keys, long max_parallelism):
 
 
 cdef long key_group_of(object key, long max_parallelism) except -1:
-    """``_key_group`` for the key context (_context.pyx)."""
-    return _key_group(key, max_parallelism)
+    """``_key_group`` for the key context (_context.pyx): a NaN is refused."""
+    return _key_group(key, max_parallelism, False)
 
 
 def column_key_groups(keys, long max_parallelism, long lo, long hi):
@@ -122,7 +123,7 @@ def column_key_groups(keys, long max_parallelism, long lo, long hi):
                 KH_PREFETCH(_tuple_item(keys, i + 8))
             key = (<tuple>keys)[i]
             try:
-                kh_hash(key, &h, 0)
+                kh_hash(key, &h, 0, False)  # (a NaN: refused, its state could never be found)
             except (TypeError, ValueError) as e:
                 raise type(e)(f"keys[{i}]: {e}") from None
             kg = kh_murmur(h) % max_parallelism

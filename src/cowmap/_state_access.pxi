@@ -523,7 +523,7 @@ def map_state_put(StateView self, key, value):
         raise self._no_key()
     if key is None:
         raise TypeError("MapState user keys must not be None")
-    if type(key) is float and key != key:
+    if isinstance(key, float) and key != key:
         raise ValueError(_NAN_USER_KEY)
     m = (<list?>t.maps)[<Py_ssize_t>kg]
     if m is None:

@@ -173,7 +173,7 @@ cdef class TimerService:
             raise RuntimeError(f"{what} needs a current key: call set_current_key first")
         if namespace is None:
             namespace = self._void
-        elif type(namespace) is float and namespace != namespace:
+        elif isinstance(namespace, float) and namespace != namespace:
             raise ValueError("a timer's namespace must not be NaN: a NaN equals no other NaN in Python")
         if add and self._firing[d] and ts == self._fts[d] and self._is_firing(d, key, namespace):
             raise RuntimeError(

@@ -98,7 +98,7 @@ static int kh_pylong(PyObject *v, int32_t *out) {
     return kh_bigint(v, out);
 }
 
-static int kh_hash(PyObject *key, int32_t *out, int depth);
+static int kh_hash(PyObject *key, int32_t *out, int depth, int nan_ok);
 
 /* Java's s.hashCode() over n one-byte code units: h = 31 * h + c per unit,
  * four units a step (h * 31^4 + c0 * 31^3 + c1 * 31^2 + c2 * 31 + c3, equal
@@ -113,7 +113,7 @@ static inline uint32_t kh_units8(const uint8_t *c, Py_ssize_t n) {
     return h;
 }
 
-static int kh_double(double d, int32_t *out) {
+static int kh_double(double d, int32_t *out, int nan_ok) {
     if (d == d && d >= -9.2233720368547758e18 && d < 9.2233720368547758e18 && (double)(int64_t)d == d) {
         *out = kh_int64((int64_t)d);                                /* 1.0 == 1 */
         return 0;
@@ -125,10 +125,13 @@ static int kh_double(double d, int32_t *out) {
         Py_DECREF(i);
         return r;
     }
-    if (d != d) {  /* (Java hashes a canonical NaN, but a NaN equals no NaN in Python: never found again) */
-        PyErr_SetString(PyExc_ValueError, "a key must not be NaN: a NaN equals no other NaN in Python, so "
-                                          "its state could never be found again");
-        return -1;
+    if (d != d) {
+        if (!nan_ok) {  /* (a NaN equals no NaN in Python: state under one could never be found again) */
+            PyErr_SetString(PyExc_ValueError, "a key must not be NaN: a NaN equals no other NaN in Python, so "
+                                              "its state could never be found again");
+            return -1;
+        }
+        d = __builtin_nan("");                                      /* Java: canonical NaN */
     }
     uint64_t bits;
     memcpy(&bits, &d, sizeof bits);
@@ -137,7 +140,7 @@ static int kh_double(double d, int32_t *out) {
     return 0;
 }
 
-static int kh_hash(PyObject *key, int32_t *out, int depth) {
+static int kh_hash(PyObject *key, int32_t *out, int depth, int nan_ok) {
     if (depth > 64) {
         PyErr_SetString(PyExc_ValueError, "key nests tuples more than 64 deep");
         return -1;
@@ -172,7 +175,7 @@ static int kh_hash(PyObject *key, int32_t *out, int depth) {
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *f = PyTuple_GET_ITEM(key, i);
             int32_t fh = 0;
-            if (f != Py_None && kh_hash(f, &fh, depth + 1) < 0) return -1;
+            if (f != Py_None && kh_hash(f, &fh, depth + 1, nan_ok) < 0) return -1;
             h = i == 0 ? (uint32_t)fh : 31u * h + (uint32_t)fh;
         }
         *out = (int32_t)h;
@@ -186,7 +189,7 @@ static int kh_hash(PyObject *key, int32_t *out, int depth) {
         *out = (int32_t)h;
         return 0;
     }
-    if (PyFloat_Check(key)) return kh_double(PyFloat_AS_DOUBLE(key), out);
+    if (PyFloat_Check(key)) return kh_double(PyFloat_AS_DOUBLE(key), out, nan_ok);
     if (key == Py_None) {
         PyErr_SetString(PyExc_TypeError, "key must not be None");
         return -1;

@@ -419,13 +419,13 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
     loc = str(tmp_path)
     with pytest.raises(ValueError, match="unknown key column 'user'"):
         apply_with_state(df, "user", CountPerKey, COUNTS, checkpoint_location=loc)
-    with pytest.raises(ValueError, match=r"key column 'a' is a array<bigint>: cowmap.spark keys by tinyint, .*, "
+    with pytest.raises(ValueError, match=r"key column 'a' has type array<bigint>: cowmap.spark keys by tinyint, .*, "
                        r"boolean$"):
         apply_with_state(df.withColumn("a", F.array("k")), "a", CountPerKey, COUNTS, checkpoint_location=loc)
-    with pytest.raises(ValueError, match=r"key column 't' is a timestamp: .*boolean; key by its number instead"):
+    with pytest.raises(ValueError, match=r"key column 't' has type timestamp: .*boolean; key by its number instead"):
         apply_with_state(df.withColumn("t", F.current_timestamp()), "t", CountPerKey, COUNTS, checkpoint_location=loc)
     for bad in ("string", "date", "double", "boolean"):
-        with pytest.raises(ValueError, match=rf"event_time column 't' is a {bad}: it must be a timestamp or epoch"):
+        with pytest.raises(ValueError, match=rf"event_time column 't' has type {bad}: it must be a timestamp or epoch"):
             apply_with_state(df.withColumn("t", F.lit(None).cast(bad)), "k", CountPerKey, COUNTS,
                              checkpoint_location=loc, event_time="t")
     with pytest.raises(ValueError, match="watermark_delay_ms must be an int >= 0, got True"):

@@ -247,6 +247,15 @@ def test_an_expired_value_is_not_added_to_unless_it_stays_visible(kind: str, ret
     assert _read(kind, s) == (11 if return_expired else 10)  # the add stamped the value anew
 
 
+def test_with_background_cleanup_an_append_drops_a_lists_expired_head() -> None:
+    """(the default) even where expired elements would stay visible: cleaned up"""
+    now, backend, s = _clocked("list", return_expired=True)
+    s.add(1)
+    now[0] += 100
+    s.add(10)
+    assert s.get() == [10]
+
+
 @pytest.mark.parametrize("kind", ["reducing", "aggregating"])
 @pytest.mark.parametrize("return_expired", [False, True])
 def test_an_expired_value_is_removed_by_get(kind: str, return_expired: bool) -> None:

@@ -701,18 +701,35 @@ def test_a_nan_key_namespace_or_user_key_is_refused_before_anything_is_written(s
         with pytest.raises(ValueError, match=r"keys\[1\].*NaN"):
             v.update_many(np.array([1.0, np.nan]), [1, 2])
     b.set_current_key(key)
-    with pytest.raises(ValueError, match="namespace must not be NaN"):
-        v.set_current_namespace(nan)
-    with pytest.raises(ValueError, match="namespace must not be NaN"):
-        v.update_many([key], [1], namespace=nan)
-    with pytest.raises(ValueError, match="timer's namespace must not be NaN"):
-        timers.register_event_time_timer(5, namespace=nan)
-    for write in (lambda: m.put(nan, 1), lambda: m.put_all({nan: 1}),
-                  lambda: m.put_many([key], np.array([np.nan]), [1]), lambda: m.put_many([key], [nan], [1])):
-        with pytest.raises(ValueError, match="user keys must not be NaN"):
-            write()
+    for bad in (nan, np.float64("nan")):  # (a loop over a numpy column gives numpy floats)
+        with pytest.raises(ValueError, match="namespace must not be NaN"):
+            v.set_current_namespace(bad)
+        with pytest.raises(ValueError, match="namespace must not be NaN"):
+            v.update_many([key], [1], namespace=bad)
+        with pytest.raises(ValueError, match="timer's namespace must not be NaN"):
+            timers.register_event_time_timer(5, namespace=bad)
+        for write in (lambda u=bad: m.put(u, 1), lambda u=bad: m.put_all({u: 1}),
+                      lambda: m.put_many([key], np.array([np.nan]), [1]), lambda u=bad: m.put_many([key], [u], [1])):
+            with pytest.raises(ValueError, match="user keys must not be NaN"):
+                write()
     assert b.num_entries() == 0 and timers.num_event_time_timers() == 0
     assert b.get_current_key() == key
+
+
+def test_the_key_hash_functions_still_hash_nan_as_java_and_spark_do() -> None:
+    """Only storing state under a NaN is refused: the hash functions give Java's hash of the
+    canonical NaN (and Spark's), whatever NaN's bits."""
+    import struct
+
+    from cowmap import key_group_for
+    from cowmap._keygroups import key_hash, spark_hash, spark_type_codes
+
+    other_nan = struct.unpack("<d", struct.pack("<Q", 0x7FF8000000000123))[0]
+    assert key_hash(float("nan")) == key_hash(other_nan) == key_hash(-float("nan")) == 0x7FF80000  # Double.hashCode
+    assert key_group_for(float("nan"), 128) == key_group_for(other_nan, 128)
+    assert key_hash((1, float("nan"))) == key_hash((1, other_nan))
+    codes = spark_type_codes(["double"])
+    assert spark_hash(float("nan"), codes) == spark_hash(other_nan, codes)
 
 
 def test_columns_a_loop_would_see_otherwise_are_refused_or_read_as_the_loop_sees_them() -> None:

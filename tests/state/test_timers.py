@@ -110,8 +110,9 @@ def test_timers_registered_in_on_timer_fire_in_the_same_advance_when_due() -> No
 @pytest.mark.parametrize("domain", ["event", "processing"])
 def test_on_timer_registering_the_timer_it_fires_is_an_error_not_an_endless_loop(domain: str) -> None:
     """The timer firing, registered again from its own on_timer, would be due at once and fire
-    for ever (Flink's heap backend loops): a RuntimeError instead. The same time for another
-    key or namespace, and an earlier one, still fire in the advance."""
+    for ever (Flink's heap backend loops): a RuntimeError instead, which stops the advance (as any
+    error of on_timer does). What it registered before that, the same time for another key or
+    namespace and an earlier time, fires at the next advance."""
     b = KeyedStateBackend()
     fired = []
 

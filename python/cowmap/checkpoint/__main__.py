@@ -82,6 +82,9 @@ def verify(storage: CheckpointStorage, cid: int | None) -> int:
         except CorruptCheckpointError as e:
             bad += 1
             print(f"checkpoint {i}: CORRUPT: {e}")
+        except FileNotFoundError as e:
+            bad += 1
+            print(f"checkpoint {i}: {e}")
         else:
             print(f"checkpoint {i}: ok ({len(m['files'])} files, {blocks} blocks checked)")
     return 1 if bad else 0

@@ -140,10 +140,10 @@ class Store:
         if body.get("format") != FORMAT_VERSION or body.get("id") != cid:
             raise CorruptCheckpointError(path, "manifest", f"format {body.get('format')}, id {body.get('id')}")
         files = body.get("files")
-        # (a checksum that matches is no proof against a hand-made manifest: its files are the data
-        # files of this directory, by their own names, newest last)
+        # (a checksum that matches is no proof against a hand-made manifest: its files are data
+        # files of this directory, by their own names)
         if not isinstance(files, list) or not files or not all(
-            isinstance(f, dict) and isinstance(f.get("name"), str) and _DATA.match(f["name"])
+            isinstance(f, dict) and isinstance(f.get("name"), str) and _DATA.fullmatch(f["name"])
             and type(f.get("size")) is int for f in files
         ):
             raise CorruptCheckpointError(path, "manifest", "its list of data files is missing or malformed")

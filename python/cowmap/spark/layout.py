@@ -122,7 +122,7 @@ class Location:
                 for r in layout.ranges()}
         latest = 0
         for layout in reversed(self.layouts):
-            common = set.intersection(*(held[layout.id, r] for r in layout.ranges()))
+            common = self.held_whole(layout, held)
             if common:
                 latest = max(common)
                 break
@@ -136,11 +136,11 @@ class Location:
                 )
         return latest
 
-    def held_whole(self, layout: Layout) -> set[int]:
-        """The versions every range of ``layout`` holds."""
+    def held_whole(self, layout: Layout, held: dict[tuple[int, KeyGroupRange], set[int]] | None = None) -> set[int]:
+        """The versions every range of ``layout`` holds (``held``: each range's, listed already)."""
         common: set[int] | None = None
         for r in layout.ranges():
-            have = set(self.storage(layout, r).checkpoints())
+            have = held[layout.id, r] if held is not None else set(self.storage(layout, r).checkpoints())
             common = have if common is None else common & have
             if not common:
                 return set()
@@ -190,11 +190,11 @@ class Location:
             found = self._covering(old, kg_range)
             if all(version in s.checkpoints() for s in found):
                 return found
-        why = (
-            f"given batch_id={version}, did the run of batch_id={version - 1} not happen? every batch id from 0 on "
-            "needs its run" if pinned else "the query's checkpoint is ahead of its state: was the state directory "
-            "deleted or replaced?"
-        )
+        if pinned:
+            why = (f"given batch_id={version}, did the run of batch_id={version - 1} not happen (every batch id "
+                   "from 0 on needs its run), or is it older than the retain_versions kept?")
+        else:
+            why = "the query's checkpoint is ahead of its state: was the state directory deleted or replaced?"
         raise FileNotFoundError(
             f"no state of version {version} for key groups {kg_range.start}..{kg_range.end} under {self._path()!r} "
             f"({why})"

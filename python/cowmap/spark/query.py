@@ -13,7 +13,6 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import DataType, StructType
 
-from cowmap._keygroups import spark_type_codes
 from cowmap.spark.event_time import session_zone
 from cowmap.spark.layout import Location
 from cowmap.spark.task import KG_BITS, KG_MASK, ROUTE_COLUMN, Plan, run_partition
@@ -111,8 +110,7 @@ def apply_with_state(
             # (a date or timestamp: pandas hands them over as datetime objects, not the days or
             # microseconds Spark hashes)
             hint = f"; key by its number instead (e.g. unix_micros({k}) or unix_date({k}))" if t in _TIMES else ""
-            raise ValueError(f"key column {k!r} is a {t}: cowmap.spark keys by {', '.join(_KEY_TYPES)}{hint}")
-    spark_type_codes(key_types)
+            raise ValueError(f"key column {k!r} has type {t}: cowmap.spark keys by {', '.join(_KEY_TYPES)}{hint}")
     if not callable(processor):
         raise TypeError(f"processor must be a class (or callable) making the processor, not {type(processor).__name__}")
     if not callable(getattr(processor, "process", None)) and isinstance(processor, type):
@@ -137,7 +135,7 @@ def apply_with_state(
         raise ValueError(f"unknown event_time column {event_time!r}; the DataFrame has {list(fields)}")
     if event_time is not None and (t := fields[event_time].dataType.simpleString()) not in _EVENT_TIME_TYPES:
         raise ValueError(
-            f"event_time column {event_time!r} is a {t}: it must be a timestamp or epoch milliseconds in an "
+            f"event_time column {event_time!r} has type {t}: it must be a timestamp or epoch milliseconds in an "
             f"integer column ({', '.join(_EVENT_TIME_TYPES)})"
         )
     zone: tzinfo | str = timezone.utc  # (a timestamp_ntz's wall-clock times are in no zone: taken as UTC's)

@@ -154,7 +154,9 @@ def value_list(values: Any, n: int, what: str = "values") -> list[Any]:
 
 def check_typed(dtype: Any, default: Any) -> int:
     """``out_type(dtype)``, checked before a ``get_many`` reads anything: an int64
-    read needs a ``default`` (``ValueError``), as int64 has no NaN for a missing key."""
+    read needs a ``default`` (``ValueError``), as int64 has no NaN for a missing key,
+    and a default must fit the array (``TypeError``: an int within int64, or a number
+    for float64)."""
     code = out_type(dtype)
     if code == COL_INT64 and default is None:
         raise ValueError("an int64 read needs default= for keys with no value (there is no int64 NaN); "
