@@ -26,6 +26,10 @@ cdef extern from "keyhash.h":
     void kh_int64_groups_pow2(const int64_t *keys, int32_t *out, Py_ssize_t n, uint32_t mask) nogil
     int kh_hash(object key, int32_t *out, int depth, int nan_ok) except -1
 
+#: why a NaN key is refused where state is stored (keyhash.h says it too)
+_NAN_KEY = "a NaN equals no other NaN in Python, so its state could never be found again"
+
+
 cdef inline int _check_max_parallelism(long max_parallelism) except -1:
     if max_parallelism < 1 or max_parallelism > 32768:
         raise ValueError(f"max_parallelism must be within 1..32768, got {max_parallelism}")
@@ -204,8 +208,7 @@ cdef int32_t _spark_hash_one(object v, int code, int32_t seed, Py_ssize_t col, b
     if v is None:
         raise ValueError(f"key column {col} is null: a key must not be null (Spark's hash would skip it)")
     if not nan_ok and (code == SH_FLOAT or code == SH_DOUBLE) and v != v:
-        raise ValueError(f"key column {col} is NaN: a NaN equals no other NaN in Python, so its state could "
-                         "never be found again")
+        raise ValueError(f"key column {col} is NaN: {_NAN_KEY}")
     if code == SH_INT:
         return sh_hash_int(<int32_t>v, seed)
     if code == SH_LONG:
@@ -331,8 +334,7 @@ def spark_column_key_groups(keys, tuple codes, long max_parallelism, long lo, lo
         if codes[0] in (SH_FLOAT, SH_DOUBLE) and type(keys) is tuple:
             for i in range(len(<tuple>keys)):
                 if (<tuple>keys)[i] != (<tuple>keys)[i]:
-                    raise ValueError(f"keys[{i}]: a key must not be NaN: a NaN equals no other NaN in Python, so "
-                                     "its state could never be found again")
+                    raise ValueError(f"keys[{i}]: a key must not be NaN: {_NAN_KEY}")
         result = spark_key_groups([keys], codes, max_parallelism)
         out = result
         n = len(result)
