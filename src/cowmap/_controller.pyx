@@ -315,7 +315,11 @@ cdef class AsyncExecutionController(ControllerBase):
         # batch is the progress, and none can start inside it (see trigger)
         while self._in_flight >= self._max_in_flight and not self._running:
             if not self._make_progress():
-                raise RuntimeError("in-flight limit reached and nothing can run (a request never completes?)")
+                raise RuntimeError(
+                    f"in-flight limit ({self._max_in_flight} records) reached and nothing can run: a request that "
+                    "never completes, or process() called from a record's own code while the records in flight "
+                    "(the caller among them) fill the limit"
+                )
         cdef KeyContext kc = self._kc
         kg = kc.key_group_of(key)  # validates the key
         kc.switch(key, kg)  # (backend.set_current_key, without the Python call)

@@ -381,3 +381,17 @@ def test_one_pending_timeout_mail_serves_every_batch() -> None:
         aec.process(i, lambda _: c.async_value())
     assert aec.mailbox.delayed <= 1
     aec.drain()
+
+
+def test_process_from_a_record_at_the_in_flight_limit_names_that_cause() -> None:
+    """With the caller itself filling the in-flight limit, a process() from its own code can never
+    start: the error says so, not only that a request may never complete."""
+    b = _backend()
+    c = b.get_state(ValueStateDescriptor("c", default_value=0))
+    aec = AsyncExecutionController(b, batch_size=1, max_in_flight_records=1)
+
+    def outer(r: int) -> None:
+        aec.process("other", lambda r2: c.async_update(r2), r + 1)
+
+    with pytest.raises(RuntimeError, match=r"limit \(1 records\) reached .* process\(\) called from a record's own"):
+        aec.process("k", outer, 1)
