@@ -262,6 +262,11 @@ def spark_key_groups(columns, codes, long max_parallelism):
     from :func:`spark_type_codes`. int32/int64 numpy
     columns of int/long keys run in a C loop; other columns value by value.
     A null anywhere: ValueError naming the row. O(rows x columns)."""
+    return _spark_key_groups(columns, codes, max_parallelism, True)
+
+
+cdef object _spark_key_groups(columns, codes, long max_parallelism, bint nan_ok):
+    """:func:`spark_key_groups`; a NaN is a ValueError naming the row unless ``nan_ok``."""
     cdef Py_ssize_t i, n, c
     cdef int32_t[::1] h
     cdef const int64_t[::1] a64
@@ -298,7 +303,7 @@ def spark_key_groups(columns, codes, long max_parallelism):
         vals = col.tolist() if dtype is not None else list(col)
         for i in range(n):
             try:
-                h[i] = _spark_hash_one(vals[i], code, h[i], c)
+                h[i] = _spark_hash_one(vals[i], code, h[i], c, nan_ok)
             except (TypeError, ValueError, OverflowError) as e:
                 raise type(e)(f"row {i}: {e}") from None
     out = np.empty(n, dtype=np.int32)
@@ -331,11 +336,7 @@ def spark_column_key_groups(keys, tuple codes, long max_parallelism, long lo, lo
             except (TypeError, ValueError, OverflowError) as e:
                 raise type(e)(f"keys[{i}]: {e}") from None
     else:
-        if codes[0] in (SH_FLOAT, SH_DOUBLE) and type(keys) is tuple:
-            for i in range(len(<tuple>keys)):
-                if (<tuple>keys)[i] != (<tuple>keys)[i]:
-                    raise ValueError(f"keys[{i}]: a key must not be NaN: {_NAN_KEY}")
-        result = spark_key_groups([keys], codes, max_parallelism)
+        result = _spark_key_groups([keys], codes, max_parallelism, False)
         out = result
         n = len(result)
     if lo > 0 or hi < max_parallelism - 1:

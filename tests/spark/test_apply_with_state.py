@@ -32,6 +32,7 @@ from processors import (
     WrongColumns,
     fail_once_downstream,
 )
+from reference import running_counts
 
 pytest.importorskip("pyspark", reason="pyspark is in the test extra: pip install '.[test]'")
 
@@ -46,17 +47,6 @@ COUNTS = "k long, n long"
 def _events(seed: int, n: int, keys: int) -> pd.DataFrame:
     r = np.random.default_rng(seed)
     return pd.DataFrame({"k": r.integers(0, keys, n), "v": r.integers(0, 100, n)})
-
-
-def _counts_reference(batches: list[pd.DataFrame]) -> Counter:
-    """(key, running count after the batch) for every key of every batch."""
-    total: Counter = Counter()
-    out: Counter = Counter()
-    for b in batches:
-        for k, n in b.groupby("k").size().items():
-            total[k] += n
-            out[(int(k), total[k])] += 1
-    return out
 
 
 def _rows(df: pd.DataFrame, *cols: str) -> Counter:
@@ -112,7 +102,7 @@ def test_stream_restarts_and_rescales_keep_every_count(spark, tmp_path, processo
         s.add(batches[2 * i])
         s.add(batches[2 * i + 1])
         out = s.run(processor, COUNTS, num_partitions=parts)
-    assert _rows(out, "k", "n") == _counts_reference(batches)
+    assert _rows(out, "k", "n") == running_counts(batches)
     # the first (2-partition) layout went when the third run began: the second held two versions whole
     assert sorted(p.name for p in Path(s.state).glob("*/L*")) == ["L000002", "L000003"]
 
@@ -129,7 +119,7 @@ def test_batch_query_goes_on_from_the_last_run(spark, tmp_path) -> None:
             "k",
             "n",
         )
-    assert got == _counts_reference(batches)
+    assert got == running_counts(batches)
 
 
 def test_a_query_with_a_new_spark_checkpoint_cannot_take_over_another_querys_state(spark, tmp_path) -> None:
@@ -149,7 +139,7 @@ def test_a_query_with_a_new_spark_checkpoint_cannot_take_over_another_querys_sta
     first.add(batches[2])
     first.add(batches[3])
     out = first.run(CountPerKey, COUNTS, num_partitions=2)
-    assert _rows(out, "k", "n") == _counts_reference(batches)
+    assert _rows(out, "k", "n") == running_counts(batches)
 
 
 def test_two_operators_of_one_query_sharing_a_state_name_fail_it(spark, tmp_path) -> None:
@@ -191,7 +181,7 @@ def test_an_output_merged_with_other_partitions_in_its_stage_fails_clearly(spark
     out = apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=2)
     extra = spark.createDataFrame([(-1, 0)], COUNTS)
     got = _rows(out.union(extra).toPandas(), "k", "n")  # (first in a union: its partitions keep their indexes)
-    assert got == _counts_reference([b]) + Counter({(-1, 0): 1})
+    assert got == running_counts([b]) + Counter({(-1, 0): 1})
 
 
 def test_foreach_batch_with_its_batch_id_runs_a_failed_batch_again_without_double_counts(spark, tmp_path) -> None:
@@ -227,7 +217,7 @@ def test_foreach_batch_with_its_batch_id_runs_a_failed_batch_again_without_doubl
         finally:
             q.stop()
     out = pd.concat([pd.read_parquet(sink / f"batch-{i}.parquet") for i in range(3)])
-    assert _rows(out, "k", "n") == _counts_reference(batches)
+    assert _rows(out, "k", "n") == running_counts(batches)
     with pytest.raises(ValueError, match="batch_id is for a batch DataFrame"):
         apply_with_state(df, "k", CountPerKey, COUNTS, checkpoint_location=s.state, batch_id=0)
     for bad in (-1, True, 1.0):
@@ -275,7 +265,7 @@ def test_a_task_failing_before_its_commit_counts_nothing_twice(spark, tmp_path) 
     for b in batches:
         s.add(b)
     got = _rows(s.run(functools.partial(FailOnce, str(markers)), COUNTS, num_partitions=2, name="counts"), "k", "n")
-    assert got == _counts_reference(batches)
+    assert got == running_counts(batches)
     assert len(os.listdir(markers)) == 6  # every task of every batch failed once and was retried
 
 
@@ -295,7 +285,7 @@ def test_a_task_failing_after_its_commit_counts_nothing_twice(spark, tmp_path) -
         got += _rows(
             out.mapInPandas(functools.partial(fail_once_downstream, str(markers)), COUNTS).toPandas(), "k", "n"
         )
-    assert got == _counts_reference(batches)
+    assert got == running_counts(batches)
     assert len(os.listdir(markers)) == 6
 
 
@@ -474,7 +464,7 @@ def test_bad_input_fails_clearly_and_keeps_the_committed_state(spark, tmp_path) 
     got += _rows(
         apply_with_state(df2, "k", CountPerKey, COUNTS, checkpoint_location=loc, num_partitions=3).toPandas(), "k", "n"
     )
-    assert got == _counts_reference([first, second])
+    assert got == running_counts([first, second])
 
 
 def test_processing_time_timers_fire_at_a_later_batch(spark, tmp_path) -> None:
@@ -493,4 +483,4 @@ def test_the_async_state_api_inside_a_processor(spark, tmp_path) -> None:
     s = Stream(spark, tmp_path, EVENTS)
     for b in batches:
         s.add(b)
-    assert _rows(s.run(AsyncCount, COUNTS, num_partitions=2), "k", "n") == _counts_reference(batches)
+    assert _rows(s.run(AsyncCount, COUNTS, num_partitions=2), "k", "n") == running_counts(batches)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from processors import CountPerKey, Reminders
+from reference import running_counts
 
 from cowmap._keygroups import spark_key_groups, spark_type_codes
 from cowmap.spark import task
@@ -24,17 +25,6 @@ def _batch(seed: int, n: int = 200) -> pd.DataFrame:
     keys = np.random.default_rng(seed).integers(0, 40, n)
     kgs = spark_key_groups([keys], spark_type_codes(["bigint"]), 64).astype(np.int32)
     return pd.DataFrame({"k": keys, "v": keys, ROUTE_COLUMN: ((1_000 + seed) << KG_BITS) + kgs.astype(np.int64)})
-
-
-def _running_counts(batches: list[pd.DataFrame]) -> Counter:
-    """(key, running count after the batch) for every key of every batch."""
-    want: Counter = Counter()
-    total: Counter = Counter()
-    for b in batches:
-        for k, n in b.groupby("k").size().items():
-            total[k] += n
-            want[(k, total[k])] += 1
-    return want
 
 
 def test_a_worker_a_batch_behind_catches_up_by_the_increment(tmp_path: Path) -> None:
@@ -53,7 +43,7 @@ def test_a_worker_a_batch_behind_catches_up_by_the_increment(tmp_path: Path) -> 
             for out in run_partition(plan(worker, b), iter([batches[b]])):
                 got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
     assert load.call_count == 2  # the first batch of each worker; worker a caught up, then was warm
-    assert got == _running_counts(batches)
+    assert got == running_counts(batches)
     task._WARM.clear()
 
 
@@ -182,7 +172,7 @@ def test_a_new_query_on_another_querys_state_is_refused_and_leaves_it_intact(tmp
     task._WARM.clear()  # (a restarted query's workers are new)
     for b in range(2, 4):
         got += _stream_batch(_streaming_plan(loc, "y"), "query-a", b, batches[b])
-    assert got == _running_counts(batches)
+    assert got == running_counts(batches)
     task._WARM.clear()
 
 
@@ -228,7 +218,7 @@ def test_the_warm_backend_of_another_query_is_not_reused(tmp_path: Path) -> None
     loc = Location(str(tmp_path / "state"), "op")
     got = _stream_batch(_streaming_plan(loc, "x"), "query-b", 0, batches[2])
     got += _stream_batch(_streaming_plan(loc, "w"), "query-b", 1, batches[3])
-    assert got == _running_counts(batches[2:])
+    assert got == running_counts(batches[2:])
     task._WARM.clear()
 
 
@@ -248,7 +238,7 @@ def test_versions_saved_before_the_query_was_recorded_are_trusted(tmp_path: Path
         got = _stream_batch(_streaming_plan(loc, "w"), "query-a", 0, batches[0])
     task._WARM.clear()
     got += _stream_batch(_streaming_plan(loc, "x"), "query-b", 1, batches[1])
-    assert got == _running_counts(batches)
+    assert got == running_counts(batches)
     task._WARM.clear()
 
 
@@ -265,7 +255,7 @@ def test_a_version_written_in_this_execution_is_overwritten_only_by_another_atte
     _stream_batch(plan, "q", 0, batches[0], execution="e0", attempt=1)
     task._WARM.clear()
     got = _stream_batch(plan, "q", 0, batches[0], execution="e0", attempt=2)  # a retry: overwrites
-    assert got == _running_counts(batches[:1])
+    assert got == running_counts(batches[:1])
     task._WARM.clear()
     with pytest.raises(RuntimeError, match=r"one task was handed two partitions with one index\. The output of apply"):
         _stream_batch(plan, "q", 0, batches[0], execution="e0", attempt=2)
@@ -279,7 +269,7 @@ def test_a_version_written_in_this_execution_is_overwritten_only_by_another_atte
     task._WARM.clear()
     # the query restarted (a new run, its operator defined again): the versions of its last run are its own
     got += _stream_batch(twin, "q", 1, batches[1], execution="e2", attempt=5, run="q-run-2")
-    assert got == _running_counts(batches)
+    assert got == running_counts(batches)
     task._WARM.clear()
 
 
@@ -380,7 +370,7 @@ def test_a_batch_query_in_foreach_batch_belongs_to_its_streaming_query(tmp_path:
 
     got = _stream_batch(plan(0, "w"), "query-a", 0, _batch(0))
     got += _stream_batch(plan(1, "w"), "query-a", 1, _batch(1))
-    assert got == _running_counts([_batch(0), _batch(1)])
+    assert got == running_counts([_batch(0), _batch(1)])
     assert loc.storage(layout, layout.range_of(0)).manifest(2)["metadata"]["query"] == "query-a"
     task._WARM.clear()
     with pytest.raises(RuntimeError, match=r"written by streaming query query-a, not by this one \(streaming query"):
@@ -479,7 +469,7 @@ def test_a_state_with_its_own_serializer_is_restored_cold_and_rescaled(tmp_path:
         for out in run_partition(plan, iter([batches[b]])):
             got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
         task._WARM.clear()
-    assert got == _running_counts(batches)
+    assert got == running_counts(batches)
 
 
 class _Partition:
@@ -543,7 +533,7 @@ def test_a_failure_to_delete_old_versions_after_the_commit_does_not_fail_the_tas
         with broken if b == 1 else mock.patch.object(task, "_WARM", task._WARM):
             for out in run_partition(plan, iter([batches[b]])):
                 got += Counter(zip(out["k"].tolist(), out["n"].tolist()))
-    assert got == _running_counts(batches)
+    assert got == running_counts(batches)
     assert "version 2 of" in caplog.text and "delete refused" in caplog.text
     assert loc.storage(layout, layout.range_of(0)).checkpoints() == [2, 3]  # the next commit caught up
     task._WARM.clear()

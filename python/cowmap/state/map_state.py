@@ -200,6 +200,8 @@ class MapState(AsyncMapMethods, State):
     def _user_keys(self, user_keys: Any, n: int) -> list[Any]:
         """The user-key column for ``n`` rows, each checked (not None, hashable)
         before anything is written."""
+        import numpy as np
+
         from cowmap.state.columns import value_list
 
         uks = value_list(user_keys, n, "user_keys")
@@ -210,9 +212,10 @@ class MapState(AsyncMapMethods, State):
                 raise TypeError(
                     f"user_keys[{nones[0]}] is None: MapState user keys must not be None; nothing was written"
                 )
-            nans = [i for i, uk in enumerate(uks) if uk != uk] if user_keys.dtype.kind == "f" else []
-            if nans:
-                raise ValueError(f"user_keys[{nans[0]}]: {_NAN_USER_KEY}; nothing was written")
+            if user_keys.dtype.kind == "f":
+                nans = np.flatnonzero(np.isnan(np.asarray(uks, dtype=np.float64)))
+                if len(nans):
+                    raise ValueError(f"user_keys[{nans[0]}]: {_NAN_USER_KEY}; nothing was written")
             return uks
         for i, uk in enumerate(uks):
             if uk is None:
