@@ -235,3 +235,32 @@ def test_a_list_that_keeps_growing_drops_its_expired_elements_with_background_cl
             assert most == 3 * 3_000
         if visibility == "never" or not cleanup:
             assert got == (list(range(2_900, 3_000)) if visibility == "never" else list(range(3_000)))
+
+
+def test_cleanup_sweeps_nothing_at_a_time_when_no_entry_can_have_expired() -> None:
+    """Fresh entries over thousands of key groups at one time (a micro-batch):
+    the sweeps, which can find nothing, stop within one key groups' worth of
+    accesses instead of running on until whole rounds over the maps found
+    nothing; as soon as the clock moves, sweeps run again and find what expired."""
+    from unittest import mock
+
+    from cowmap.state import KeyGroupRange
+    from cowmap.state.table import CLEANUP_BATCH, StateTable
+
+    now = [0]
+    b = KeyedStateBackend(4096, KeyGroupRange(0, 4095), time_provider=lambda: now[0])
+    d = ValueStateDescriptor("v")
+    d.enable_time_to_live(StateTtlConfig.new_builder(timedelta(milliseconds=5)).build())
+    s = b.get_state(d)
+    n = 40_000
+    with mock.patch.object(StateTable, "sweep", autospec=True, side_effect=StateTable.sweep) as sweep:
+        for k in range(n):
+            b.set_current_key(k)
+            s.update(k)
+        assert sweep.call_count <= 4096 // CLEANUP_BATCH + 1
+    assert b.num_entries() == n
+    now[0] = 10  # every entry expired: the next accesses' steps sweep again
+    for k in range(n, n + 50 * CLEANUP_BATCH):
+        b.set_current_key(k)
+        s.value()
+    assert b.num_entries() < n

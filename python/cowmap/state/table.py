@@ -75,6 +75,8 @@ class StateTable(TableCore):
         self.ticks = 1  # accesses until the next cleanup sweep
         self._interval = CLEANUP_BATCH
         self._idle_sweeps = 0
+        self._unchecked = 0  # accesses since the maps' expiry floors were last read
+        self._quiet_at: int | None = None  # the time they last said no entry could have expired
         self.merging = False  # a merge_namespaces of this state is running
         self.configure(descriptor)
 
@@ -157,9 +159,11 @@ class StateTable(TableCore):
         examines ``CLEANUP_BATCH * cleanup_size`` entries of one map (the maps
         in turn) every ``CLEANUP_BATCH`` accesses, the same rate with fewer
         calls, while sweeps find expired entries. Each round over all the maps
-        that finds none doubles the interval, up to ``CLEANUP_MAX_BACKOFF`` times: a state where
-        nothing expires stops paying for cleanup (examining an entry is a cache
-        miss in a big map), and the first expired entry found restores the rate.
+        that finds none doubles the interval, up to ``CLEANUP_MAX_BACKOFF`` times,
+        and while the clock reads the time at which the maps' expiry floors said
+        no entry could have expired, a step sweeps nothing: a state where nothing
+        expires stops paying for cleanup (examining an entry is a cache miss in a
+        big map), and the first expired entry found restores the rate.
 
         Call it as ``if t.cleanup_size: t.cleanup_step()``. The per-record
         accesses of every kind are compiled and take the same step in C
@@ -198,20 +202,34 @@ class StateTable(TableCore):
         if not live:
             self.ticks = CLEANUP_BATCH
             return
-        maps = self.maps
-        n = len(live)
-        i = self._cursor
-        for _ in range(n):  # the next map with entries (empty ones would waste the step)
-            if i >= n:
-                i = 0
-            if len(maps[live[i]]):
-                break
-            i += 1
-        else:
-            self.ticks = self._interval  # every map is empty
-            return
-        self._cursor = i + 1
-        if self.sweep(live[i], self.now(), self.cleanup_size * CLEANUP_BATCH):
+        now = self.now()
+        # (the maps' expiry floors said at this very time that no entry could have expired: a
+        # micro-batch's fixed time, over fresh keys in thousands of key groups, would otherwise
+        # sweep one map after another finding nothing. A restore at the same time may bring
+        # expired entries: they wait for the clock to move, as reads never return them.)
+        found = 0
+        if now != self._quiet_at:
+            maps = self.maps
+            n = len(live)
+            i = self._cursor
+            for _ in range(n):  # the next map with entries (empty ones would waste the step)
+                if i >= n:
+                    i = 0
+                if len(maps[live[i]]):
+                    break
+                i += 1
+            else:
+                self.ticks = self._interval  # every map is empty
+                return
+            self._cursor = i + 1
+            found = self.sweep(live[i], now, self.cleanup_size * CLEANUP_BATCH)
+            if not found:
+                self._unchecked += self._interval
+                if self._unchecked >= len(maps):  # (reading the floors is O(key groups))
+                    self._unchecked = 0
+                    if not maps_may_expire(maps, now, self.ttl):
+                        self._quiet_at = now
+        if found:
             self._interval = CLEANUP_BATCH
             self._idle_sweeps = 0
         else:
