@@ -1,15 +1,22 @@
 """Type stub for src/cowmap/_groups.pyx: a micro-batch's rows by key, each key made current in C."""
 
 from collections.abc import Callable
-from typing import Any, final
+from typing import Any, final, overload
 
 import numpy as np
 import pandas as pd
 
 from cowmap._context import KeyContext
 
-def group_int64(keys: np.ndarray) -> tuple[list[int], np.ndarray, np.ndarray]:
+@overload
+def group_int64(keys: np.ndarray, key_groups: None = None) -> tuple[list[int], np.ndarray, np.ndarray]:
     """An int64 key column's distinct keys in order of first appearance, its rows by key, their bounds."""
+
+@overload
+def group_int64(
+    keys: np.ndarray, key_groups: Callable[[np.ndarray], np.ndarray]
+) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray]:
+    """... in key-group order (``key_groups`` gives those of the distinct keys), and their key groups."""
 
 @final
 class OrderedBatch:
@@ -54,6 +61,7 @@ class Groups:
         ordered: OrderedBatch,
         keys: list[Any],
         target: KeyContext | Callable[[Any], object],
+        key_groups: np.ndarray | None = None,
     ) -> None: ...
     def __iter__(self) -> Groups: ...
     def __next__(self) -> tuple[Any, Rows]: ...

@@ -86,18 +86,26 @@ cdef Py_ssize_t _codes_of(const int64_t* keys, Py_ssize_t n, int32_t* codes, int
     return ngroups
 
 
-def group_int64(keys):
+def group_int64(keys, key_groups=None):
     """``(keys, order, bounds)`` of an int64 key column: its distinct keys in
     order of first appearance (Python ints, as pandas' ``factorize`` gives
     them), the row positions by key (ties in row order) and the int64 bounds
     of each key's run in them. O(n): a pass through a hash table of the
     distinct keys, then a counting sort, both without the GIL. ``TypeError``
-    for a column of another type (uint64 included: not every value fits)."""
+    for a column of another type (uint64 included: not every value fits).
+
+    ``key_groups``: a function giving the key groups (ints in ``0..65535``) of
+    an int64 array of distinct keys; the keys are then in key-group order (of
+    one key group, in order of first appearance), and the result is ``(keys,
+    order, bounds, their key groups)``."""
     arr = np.asarray(keys)
     if arr.dtype.kind not in "iu" or arr.dtype.itemsize > 8 or arr.dtype == np.uint64:
         raise TypeError(f"group_int64 groups a column of integers that int64 holds, not {arr.dtype}")
     cdef const int64_t[::1] k = np.ascontiguousarray(arr, dtype=np.int64)
-    cdef Py_ssize_t n = k.shape[0], c, ngroups = 0
+    cdef Py_ssize_t n = k.shape[0], c, i, ngroups = 0
+    cdef int32_t[::1] rank
+    cdef int32_t* r
+    cdef int64_t[::1] u
     if n > 0x7FFFFFFF:  # (codes are int32)
         raise ValueError(f"a batch of {n} rows is too long to group (at most 2**31 - 1)")
     cdef int32_t* codes = <int32_t*>malloc(n * sizeof(int32_t) + 1)
@@ -112,12 +120,37 @@ def group_int64(keys):
                 raise MemoryError("no memory to group a batch's keys")
         bounds_arr = np.zeros(ngroups + 1, dtype=np.int64)
         order_arr = np.empty(n, dtype=np.int64)
-        values = [seen[c] for c in range(ngroups)]
+        if key_groups is None:
+            values = [seen[c] for c in range(ngroups)]
+        else:
+            uniques = np.empty(ngroups, dtype=np.int64)
+            u = uniques
+            for c in range(ngroups):
+                u[c] = seen[c]
+            kgs = np.asarray(key_groups(uniques))
+            if kgs.shape != (ngroups,) or kgs.dtype.kind not in "iu":
+                raise ValueError(f"key_groups must give {ngroups} integer key groups, got {kgs.dtype} of shape {kgs.shape}")
+            if ngroups and (kgs.min() < 0 or kgs.max() > 0xFFFF):
+                raise ValueError(f"key groups must be within 0..65535, got {kgs.min()}..{kgs.max()}")
+            # (16-bit keys: numpy's stable sort of them is a radix sort)
+            perm = np.argsort(kgs.astype(np.uint16), kind="stable")
+            rank_arr = np.empty(ngroups, dtype=np.int32)
+            rank_arr[perm] = np.arange(ngroups, dtype=np.int32)
+            rank = rank_arr
+            if ngroups:
+                r = &rank[0]
+                with nogil:
+                    for i in range(n):
+                        codes[i] = r[codes[i]]
+            values = uniques[perm].tolist()
+            kgs = kgs[perm]
         _counting_sort(codes, n, ngroups, bounds_arr, order_arr)
     finally:
         free(codes)
         free(seen)
-    return values, order_arr, bounds_arr
+    if key_groups is None:
+        return values, order_arr, bounds_arr
+    return values, order_arr, bounds_arr, kgs
 
 
 cdef void _counting_sort(const int32_t* codes, Py_ssize_t n, Py_ssize_t ngroups,
@@ -238,16 +271,22 @@ cdef class Groups:
     has key ``keys[i]`` and the batch's rows ``bounds[i]..bounds[i + 1]``. Each
     key is made current before its pair is returned: through ``target``'s
     ``set_current_key`` in C when it is a :class:`KeyContext` (the same check
-    and per-record TTL cleanup step), else by calling ``target(key)``."""
+    and per-record TTL cleanup step), else by calling ``target(key)``.
+
+    ``key_groups`` (with a KeyContext): each group's key group, computed for
+    the whole batch at once, so no key is hashed again; each is checked against
+    the context's range as it is used."""
 
     cdef OrderedBatch _o
     cdef list _keys
     cdef const int64_t[::1] _bounds
+    cdef const int64_t[::1] _kgs
+    cdef bint _grouped
     cdef KeyContext _kc
     cdef object _set_key
     cdef Py_ssize_t _i
 
-    def __init__(self, OrderedBatch ordered not None, list keys not None, target):
+    def __init__(self, OrderedBatch ordered not None, list keys not None, target, key_groups=None):
         cdef const int64_t[::1] b = ordered.bounds
         if b.shape[0] != len(keys) + 1:
             raise ValueError(f"{len(keys)} groups need {len(keys) + 1} bounds, got {b.shape[0]}")
@@ -257,6 +296,13 @@ cdef class Groups:
             self._set_key = target
         else:
             raise TypeError(f"target must be a KeyContext or a callable, not {type(target).__name__}")
+        if key_groups is not None:
+            if self._kc is None:
+                raise TypeError("key_groups go with a KeyContext target")
+            self._kgs = np.ascontiguousarray(key_groups, dtype=np.int64)
+            if self._kgs.shape[0] != len(keys):
+                raise ValueError(f"key_groups must give {len(keys)} key groups, not {self._kgs.shape[0]}")
+            self._grouped = True
         self._o = ordered
         self._keys = keys
         self._bounds = b
@@ -267,13 +313,19 @@ cdef class Groups:
 
     def __next__(self):
         cdef Py_ssize_t i = self._i
+        cdef long kg
         if i >= len(self._keys):
             raise StopIteration
         key = self._keys[i]
-        if self._kc is not None:
-            self._kc.switch(key, self._kc.key_group_of(key))
-        else:
+        if self._kc is None:
             self._set_key(key)
+        elif self._grouped:
+            kg = self._kgs[i]
+            if not self._kc.lo <= kg <= self._kc.hi:
+                raise ValueError(f"key_groups[{i}] = {kg} is outside the context's range {self._kc.lo}..{self._kc.hi}")
+            self._kc.switch(key, kg)
+        else:
+            self._kc.switch(key, self._kc.key_group_of(key))
         cdef Rows rows = Rows.__new__(Rows)
         rows._o = self._o
         rows.group = i

@@ -199,6 +199,64 @@ def test_groups_through_a_key_context_take_the_per_record_cleanup_steps() -> Non
     assert len(s._t.maps[0]) < n
 
 
+KEY_KINDS = {
+    "bigint": (["bigint"], st.integers(-(2**40), 2**40) | st.integers(0, 9)),
+    "int": (["int"], st.integers(-(2**31), 2**31 - 1) | st.integers(0, 9)),
+    "string": (["string"], st.sampled_from(["a", "b", "ü", "", "key-1", "key-2"])),
+    "two": (["bigint", "string"], st.tuples(st.integers(0, 5), st.sampled_from(["x", "y"]))),
+    "flink": (None, st.integers(-(2**40), 2**40) | st.integers(0, 9)),
+}
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), kind=st.sampled_from(sorted(KEY_KINDS)), max_parallelism=st.sampled_from([1, 7, 128, 4096]))
+def test_groups_through_a_key_context_come_in_key_group_order(data: Any, kind: str, max_parallelism: int) -> None:
+    """Through a backend's key context, the groups are those a callable gets
+    (each key once, with the same rows), ordered by key group (each the one
+    ``key_group_for`` gives, the one made current), those of one key group in
+    order of first appearance."""
+    from cowmap.state import KeyedStateBackend
+
+    types, keys_st = KEY_KINDS[kind]
+    keys = data.draw(st.lists(keys_st, max_size=60))
+    b = KeyedStateBackend(max_parallelism, spark_key_types=types)
+    if types is not None and len(types) == 2:
+        frame = pd.DataFrame({"a": [k[0] for k in keys], "s": pd.Series([k[1] for k in keys], dtype=object)})
+        cols = ["a", "s"]
+    else:
+        dtype = {"bigint": "int64", "int": "int32", "string": object}.get(kind, "int64")
+        frame = pd.DataFrame({"k": pd.Series(keys, dtype=dtype)})
+        cols = ["k"]
+    frame["v"] = np.arange(len(frame))
+    via_kc = []
+    for key, rows in group_rows(frame, cols, b._kc):
+        assert b.get_current_key() == key and b._kc.key_group == b._kc.key_group_for(key)
+        via_kc.append((key, b._kc.key_group, rows.index.tolist(), rows.sum("v")))
+    via_call = {key: (rows.index.tolist(), rows.sum("v")) for key, rows in group_rows(frame, cols, lambda k: None)}
+    assert {key: (idx, total) for key, _, idx, total in via_kc} == via_call
+    assert len(via_kc) == len(via_call)
+    first = list(via_call)  # (the callable's order: first appearance)
+    order = [(kg, first.index(key)) for key, kg, _, _ in via_kc]
+    assert order == sorted(order)
+
+
+def test_groups_check_the_key_groups_they_are_given() -> None:
+    from cowmap._groups import Groups, OrderedBatch
+    from cowmap.state import KeyedStateBackend, KeyGroupRange
+
+    b = KeyedStateBackend(64, KeyGroupRange(0, 31), spark_key_types=["bigint"])
+    frame = pd.DataFrame({"k": [1, 2]})
+    ordered = OrderedBatch(frame, np.arange(2), np.array([0, 1, 2], dtype=np.int64))
+    with pytest.raises(ValueError, match="must give 2 key groups, not 1"):
+        Groups(ordered, [1, 2], b._kc, np.array([0]))
+    with pytest.raises(TypeError, match="go with a KeyContext"):
+        Groups(ordered, [1, 2], lambda k: None, np.array([0, 0]))
+    it = Groups(ordered, [1, 2], b._kc, np.array([3, 40]))
+    assert next(it)[0] == 1 and b._kc.key_group == 3
+    with pytest.raises(ValueError, match=r"key_groups\[1\] = 40 is outside the context's range 0\.\.31"):
+        next(it)
+
+
 def test_groups_refuse_a_key_outside_the_backends_range_and_bad_arguments() -> None:
     from cowmap._groups import Groups, OrderedBatch, Rows
     from cowmap.state import KeyedStateBackend, KeyGroupRange

@@ -99,9 +99,11 @@ class StateContext:
     # ------------------------------------------------------------ rows
 
     def groups(self, batch: pd.DataFrame) -> Iterator[tuple[Any, Rows]]:
-        """``(key, rows)`` per distinct key of ``batch``, in order of first
-        appearance, with the key current while its rows are handled: a scalar for
-        one key column, a tuple for several. See :class:`~cowmap.spark.Rows`."""
+        """``(key, rows)`` per distinct key of ``batch``, with the key current
+        while its rows are handled: a scalar for one key column, a tuple for
+        several. The keys come in key-group order (those of one key group in
+        order of first appearance), so that each key's state is near the last
+        one's. See :class:`~cowmap.spark.Rows`."""
         return group_rows(batch, self.keys, self.backend._kc)
 
     def __repr__(self) -> str:

@@ -61,21 +61,64 @@ def _stable_order(codes: np.ndarray, ngroups: int) -> np.ndarray:
 def group_rows(
     frame: pd.DataFrame, keys: Sequence[str], target: KeyContext | Callable[[Any], object]
 ) -> Iterator[tuple[Any, Rows]]:
-    """``(key, rows)`` per distinct key of ``frame`` in order of first
-    appearance, each key made current first: by ``target``, a backend's
-    :class:`KeyContext` (in C, as its ``set_current_key`` does) or a callable
-    taking the key. O(n) once, then O(1) per group."""
+    """``(key, rows)`` per distinct key of ``frame``, each key made current
+    first: by ``target``, a backend's :class:`KeyContext` (in C, as its
+    ``set_current_key`` does), or a callable taking the key. With a
+    KeyContext the keys come in key-group order (of one key group, in order of
+    first appearance): one key's state is then near the last one's, in the same
+    key group's map, where keys in the batch's order would each read a map of
+    their own (a cache miss or two a key over thousands of key groups). With a
+    callable, in order of first appearance. O(n) once, then O(1) per group."""
     if len(frame) == 0:
         return iter(())
+    int_key = None
     if len(keys) == 1:
         col = frame[keys[0]]
         dtype = col.dtype
         if isinstance(dtype, np.dtype) and (dtype.kind == "i" or (dtype.kind == "u" and dtype.itemsize < 8)):
-            # integer keys (no null fits in a numpy int column): hashed and counted in one compiled pass
-            values, order, bounds = group_int64(col.to_numpy())
-            return Groups(OrderedBatch(frame, order, bounds), values, target)
-    codes, values = _factorize(frame, keys)
-    order = _stable_order(codes, len(values))
-    bounds = np.zeros(len(values) + 1, dtype=np.int64)
-    np.cumsum(np.bincount(codes, minlength=len(values)), out=bounds[1:])
-    return Groups(OrderedBatch(frame, order, bounds), values, target)
+            int_key = col.to_numpy()  # (no null fits in a numpy int column)
+    if not isinstance(target, KeyContext):
+        if int_key is not None:  # hashed and counted in one compiled pass
+            values, order, bounds = group_int64(int_key)
+        else:
+            codes, values = _factorize(frame, keys)
+            order, bounds = _order(codes, len(values))
+        return Groups(OrderedBatch(frame, order, bounds), values, target)
+    # in key-group order: the distinct keys' key groups in one call, the groups renumbered by them
+    # (stably, a radix sort: a key group fits 16 bits) before the rows are ordered
+    if int_key is not None:
+        values, order, bounds, kgs = group_int64(int_key, lambda uniques: _key_groups(target, uniques))
+    else:
+        codes, values = _factorize(frame, keys)
+        kgs = _key_groups(target, tuple(values))
+        perm = np.argsort(kgs.astype(np.uint16), kind="stable")
+        rank = np.empty(len(perm), dtype=np.int64)
+        rank[perm] = np.arange(len(perm))
+        order, bounds = _order(rank[codes], len(values))
+        values = [values[i] for i in perm.tolist()]
+        kgs = kgs[perm]
+    return Groups(OrderedBatch(frame, order, bounds), values, target, kgs)
+
+
+def _order(codes: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows by code (ties in row order) and each code's run bounds in them."""
+    bounds = np.zeros(ngroups + 1, dtype=np.int64)
+    np.cumsum(np.bincount(codes, minlength=ngroups), out=bounds[1:])
+    return _stable_order(codes, ngroups), bounds
+
+
+def _key_groups(kc: KeyContext, keys: np.ndarray | tuple[Any, ...]) -> np.ndarray:
+    """The key group of every key of ``keys`` (an int64 array or a tuple) by
+    ``kc``'s function, all in ``kc``'s range: else the ``ValueError``
+    ``set_current_key`` would give, naming the first key outside it."""
+    try:
+        return kc.column_key_groups(keys)
+    except ValueError as e:
+        error = e
+    for key in keys.tolist() if isinstance(keys, np.ndarray) else keys:
+        kg = kc.key_group_for(key)
+        if not kc.lo <= kg <= kc.hi:
+            raise ValueError(
+                f"key {key!r} is in key group {kg}, outside this backend's range KeyGroupRange({kc.lo}, {kc.hi})"
+            ) from None
+    raise error
