@@ -129,7 +129,9 @@ def group_int64(keys, key_groups=None):
                 u[c] = seen[c]
             kgs = np.asarray(key_groups(uniques))
             if kgs.shape != (ngroups,) or kgs.dtype.kind not in "iu":
-                raise ValueError(f"key_groups must give {ngroups} integer key groups, got {kgs.dtype} of shape {kgs.shape}")
+                raise ValueError(
+                    f"key_groups must give {ngroups} integer key groups, got {kgs.dtype} of shape {kgs.shape}"
+                )
             if ngroups and (kgs.min() < 0 or kgs.max() > 0xFFFF):
                 raise ValueError(f"key groups must be within 0..65535, got {kgs.min()}..{kgs.max()}")
             # (16-bit keys: numpy's stable sort of them is a radix sort)

@@ -107,6 +107,39 @@ def test_integer_keys_are_grouped_in_one_compiled_pass_as_by_hand(keys: list[int
     assert order.dtype == np.int64 and bounds.dtype == np.int64
 
 
+@settings(max_examples=100, deadline=None)
+@given(keys=st.lists(INT64 | st.integers(-3, 3), max_size=300), m=st.integers(1, 70_000))
+def test_integer_keys_in_key_group_order_are_the_stable_sort_of_the_groups(keys: list[int], m: int) -> None:
+    """With ``key_groups``: the groups of the slow way, stably sorted by the
+    key groups the function gives (``key % m``, up to 65,535), which come back
+    with them."""
+    values, order, bounds, kgs = group_int64(
+        np.asarray(keys, dtype=np.int64), lambda u: (u % min(m, 65_536)).astype(np.int64)
+    )
+    want_keys, want_order, want_bounds = _reference_groups(keys)
+    runs = {k: want_order[want_bounds[i] : want_bounds[i + 1]] for i, k in enumerate(want_keys)}
+    by_group = sorted(want_keys, key=lambda k: k % min(m, 65_536))  # (sorted is stable)
+    assert values == by_group and all(type(v) is int for v in values)
+    assert kgs.tolist() == [k % min(m, 65_536) for k in by_group]
+    assert order.tolist() == [i for k in by_group for i in runs[k]]
+    assert np.diff(bounds).tolist() == [len(runs[k]) for k in by_group]
+
+
+def test_the_integer_pass_checks_the_key_groups_it_is_given() -> None:
+    keys = np.array([5, 6, 5], dtype=np.int64)
+    with pytest.raises(ValueError, match=r"must give 2 integer key groups, got int64 of shape \(1,\)"):
+        group_int64(keys, lambda u: np.zeros(1, dtype=np.int64))
+    with pytest.raises(ValueError, match="integer key groups, got float64"):
+        group_int64(keys, lambda u: np.zeros(2))
+    with pytest.raises(ValueError, match=r"within 0\.\.65535, got -1\.\.0"):
+        group_int64(keys, lambda u: np.array([-1, 0]))
+    with pytest.raises(ValueError, match=r"got 0\.\.65536"):
+        group_int64(keys, lambda u: np.array([0, 65_536]))
+    with pytest.raises(KeyError, match="from the function"):
+        group_int64(keys, lambda u: (_ for _ in ()).throw(KeyError("from the function")))
+    assert group_int64(keys[:0], lambda u: np.zeros(0, dtype=np.int64))[0] == []
+
+
 @pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "Int64"])
 def test_every_integer_column_groups_as_pandas_does(dtype: str) -> None:
     """The compiled pass takes the numpy integer columns int64 holds; uint64
@@ -263,9 +296,15 @@ def test_groups_refuse_a_key_outside_the_backends_range_and_bad_arguments() -> N
 
     b = KeyedStateBackend(4096, KeyGroupRange(0, 10), spark_key_types=["bigint"])
     outside = next(k for k in range(10_000) if b._kc.key_group_for(k) > 10)
+    inside = next(k for k in range(10_000) if b._kc.key_group_for(k) <= 10)
+    frame = pd.DataFrame({"k": [inside, outside]})
+    with pytest.raises(ValueError, match=rf"^key {outside} is in key group \d+, outside this backend's range"):
+        group_rows(frame, ["k"], b._kc)  # (before any key is made current)
+    s = KeyedStateBackend(4096, KeyGroupRange(0, 10), spark_key_types=["string"])
+    word = next(w for w in (f"w{i}" for i in range(10_000)) if s._kc.key_group_for(w) > 10)
+    with pytest.raises(ValueError, match=f"^key '{word}' is in key group"):
+        group_rows(pd.DataFrame({"k": pd.Series([word], dtype=object)}), ["k"], s._kc)
     frame = pd.DataFrame({"k": [outside]})
-    with pytest.raises(ValueError, match="outside this backend's range"):
-        list(group_rows(frame, ["k"], b._kc))
     with pytest.raises(TypeError, match="made by ctx.groups"):
         Rows()
     ordered = OrderedBatch(frame, np.arange(1), np.array([0, 1], dtype=np.int64))
