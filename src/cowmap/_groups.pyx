@@ -127,6 +127,7 @@ def group_int64(keys, key_groups=None):
             u = uniques
             for c in range(ngroups):
                 u[c] = seen[c]
+            uniques.flags.writeable = False  # (they become the keys: the function only reads them)
             kgs = np.asarray(key_groups(uniques))
             if kgs.shape != (ngroups,) or kgs.dtype.kind not in "iu":
                 raise ValueError(
@@ -276,8 +277,9 @@ cdef class Groups:
     and per-record TTL cleanup step), else by calling ``target(key)``.
 
     ``key_groups`` (with a KeyContext): each group's key group, computed for
-    the whole batch at once, so no key is hashed again; each is checked against
-    the context's range as it is used."""
+    the whole batch at once, so no key is hashed again. They are trusted to be
+    the keys' (a key of another key group would be stored where no lookup
+    finds it); each is checked against the context's range as it is used."""
 
     cdef OrderedBatch _o
     cdef list _keys

@@ -295,7 +295,9 @@ cdef object _spark_key_groups(columns, codes, long max_parallelism, bint nan_ok)
             for i in range(n):
                 h[i] = sh_hash_long(a64[i], h[i])
             continue
-        if code == SH_INT and dtype is not None and dtype.kind == "i" and dtype.itemsize <= 4:
+        if code == SH_INT and dtype is not None and dtype.kind in "iu" and getattr(col, "ndim", 1) == 1 and (
+            dtype.itemsize <= 4 and dtype != np.uint32 or n and -(2**31) <= col.min() and col.max() < 2**31
+        ):  # (wider integers that all fit an int too: the distinct keys of an int column are int64)
             a32 = np.ascontiguousarray(col, dtype=np.int32)
             for i in range(n):
                 h[i] = sh_hash_int(a32[i], h[i])

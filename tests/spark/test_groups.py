@@ -273,6 +273,27 @@ def test_groups_through_a_key_context_come_in_key_group_order(data: Any, kind: s
     assert order == sorted(order)
 
 
+def test_a_key_that_cannot_be_hashed_is_named_not_its_place_among_the_keys() -> None:
+    from cowmap.state import KeyedStateBackend
+
+    b = KeyedStateBackend(128, spark_key_types=["int"])
+    frame = pd.DataFrame({"k": np.array([7, 7, 7, 8, 8, 2**31 + 1], dtype=np.uint32)})
+    with pytest.raises(OverflowError, match=f"^key {2**31 + 1}: "):
+        group_rows(frame, ["k"], b._kc)
+    s = KeyedStateBackend(128, spark_key_types=["string"])
+    with pytest.raises(TypeError, match="^key 5: key column 0 is a Spark string, not int"):
+        group_rows(pd.DataFrame({"k": pd.Series(["a", "a", "a", 5], dtype=object)}), ["k"], s._kc)
+
+
+def test_the_key_group_function_cannot_change_the_keys() -> None:
+    def rewrite(u: np.ndarray) -> np.ndarray:
+        u[:] = 0
+        return np.zeros(len(u), dtype=np.int64)
+
+    with pytest.raises(ValueError, match="read-only"):
+        group_int64(np.array([5, 6]), rewrite)
+
+
 def test_groups_check_the_key_groups_they_are_given() -> None:
     from cowmap._groups import Groups, OrderedBatch
     from cowmap.state import KeyedStateBackend, KeyGroupRange

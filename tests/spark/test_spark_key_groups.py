@@ -13,6 +13,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cowmap._keygroups import spark_hash, spark_key_group, spark_key_groups, spark_type_codes
 
@@ -71,6 +73,25 @@ def test_hash_and_key_groups_equal_sparks(spark) -> None:
     assert spark_key_groups([ints], spark_type_codes(["int"]), 97).tolist() == [
         spark_key_group(r["i"], spark_type_codes(["int"]), 97) for r in got
     ]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.integers(-(2**31), 2**31 - 1) | st.integers(0, 300), max_size=50),
+    dtype=st.sampled_from(["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]),
+)
+def test_an_int_keys_column_of_any_integer_dtype_hashes_as_its_values(values: list[int], dtype: str) -> None:
+    """Spark ``int`` keys in a numpy column of any integer type (the distinct
+    keys of one are int64): the key groups of the values one by one, and an
+    OverflowError naming the row for a value no int holds."""
+    info = np.iinfo(dtype)
+    fits = [v for v in values if info.min <= v <= info.max]
+    col = np.array(fits, dtype=dtype)
+    codes = spark_type_codes(["int"])
+    assert spark_key_groups([col], codes, 97).tolist() == [spark_key_group(v, codes, 97) for v in fits]
+    if info.max >= 2**31:
+        with pytest.raises(OverflowError, match=f"row {len(fits)}: "):
+            spark_key_groups([np.array([*fits, 2**31], dtype=dtype)], codes, 97)
 
 
 def test_known_values_without_spark() -> None:

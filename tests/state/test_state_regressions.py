@@ -264,3 +264,41 @@ def test_cleanup_sweeps_nothing_at_a_time_when_no_entry_can_have_expired() -> No
         b.set_current_key(k)
         s.value()
     assert b.num_entries() < n
+
+
+@pytest.mark.parametrize("how", ["restore", "shorter_ttl"])
+def test_expired_entries_restored_or_made_by_a_shorter_ttl_at_a_quiet_time_are_swept(how: str) -> None:
+    """The cleanup skips its sweeps while the clock reads a time at which no
+    entry could have expired; entries restored then with old timestamps, or a
+    TTL shortened then, bring expired ones: the next steps sweep them, and a
+    ``ReturnExpiredIfNotCleanedUp`` read does not find them after."""
+    def cfg(ms: int) -> StateTtlConfig:
+        return StateTtlConfig.new_builder(timedelta(milliseconds=ms)).return_expired_if_not_cleaned_up().build()
+
+    now = [0]
+    d = ValueStateDescriptor("v")
+    d.enable_time_to_live(cfg(1_000 if how == "restore" else 100_000))
+    old = KeyedStateBackend(128, time_provider=lambda: now[0])
+    s = old.get_state(d)
+    for k in range(1_000):
+        old.set_current_key(("old", k))
+        s.update(k)
+    snap = old.snapshot()
+    now[0] = 5_000
+    b = old if how == "shorter_ttl" else KeyedStateBackend(128, time_provider=lambda: now[0])
+    s2 = b.get_state(d)
+    for k in range(5_000):  # fresh keys at 5,000: the cleanup goes quiet
+        b.set_current_key(k)
+        s2.update(k)
+    if how == "restore":
+        b.restore(snap)
+    else:
+        d2 = ValueStateDescriptor("v")
+        d2.enable_time_to_live(cfg(1_000))
+        s2 = b.get_state(d2)
+    for k in range(5_000, 25_000):
+        b.set_current_key(k)
+        s2.update(k)
+    assert b.num_entries() == 25_000
+    b.set_current_key(("old", 999))
+    assert s2.value() is None

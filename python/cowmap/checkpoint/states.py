@@ -648,6 +648,8 @@ def restore_blocks(
                 column_list(_rows(c, a, b), b - a) if c is not None else _no_stamps(table.kind, b - a) for c in cols
             ]
             table.import_records(kg, zip(*fields))
+    for table in tables:
+        table.entries_restored()
 
 
 def _row_groups(kgs: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -109,14 +109,17 @@ def _order(codes: np.ndarray, ngroups: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _key_groups(kc: KeyContext, keys: np.ndarray | tuple[Any, ...]) -> np.ndarray:
     """The key group of every key of ``keys`` (an int64 array or a tuple) by
-    ``kc``'s function, all in ``kc``'s range: else the ``ValueError``
-    ``set_current_key`` would give, naming the first key outside it."""
+    ``kc``'s function, all in ``kc``'s range: else the error
+    ``set_current_key`` would give, naming the first key it is for."""
     try:
         return kc.column_key_groups(keys)
-    except ValueError as e:
-        error = e
+    except (TypeError, ValueError, OverflowError) as e:
+        error = e  # (it names the key's place among the distinct keys, not the batch's row)
     for key in keys.tolist() if isinstance(keys, np.ndarray) else keys:
-        kg = kc.key_group_for(key)
+        try:
+            kg = kc.key_group_for(key)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise type(e)(f"key {key!r}: {e}") from None
         if not kc.lo <= kg <= kc.hi:
             raise ValueError(
                 f"key {key!r} is in key group {kg}, outside this backend's range KeyGroupRange({kc.lo}, {kc.hi})"

@@ -321,6 +321,7 @@ class KeyedStateBackend:
             for kg in sorted(s.maps):
                 if kc.lo <= kg <= kc.hi:
                     table.import_records(kg, snapshot._entries_of(s, kg))
+            table.entries_restored()
         for name, timers in snapshot._timers.items():
             self.get_timer_service(name).restore(timers)
 

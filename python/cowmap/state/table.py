@@ -111,6 +111,7 @@ class StateTable(TableCore):
         self.cleanup_size = cfg.incremental_cleanup_size if cfg is not None else 0
         self.cleanup_every_record = self.cleanup_size > 0 and cfg is not None and cfg.run_cleanup_for_every_record
         self.cleanup_full_snapshot = cfg is not None and cfg.cleanup_full_snapshot
+        self.entries_restored()  # (a shorter TTL: what was live may have expired)
 
     # ------------------------------------------------------------ maps
 
@@ -203,10 +204,10 @@ class StateTable(TableCore):
             self.ticks = CLEANUP_BATCH
             return
         now = self.now()
-        # (the maps' expiry floors said at this very time that no entry could have expired: a
-        # micro-batch's fixed time, over fresh keys in thousands of key groups, would otherwise
-        # sweep one map after another finding nothing. A restore at the same time may bring
-        # expired entries: they wait for the clock to move, as reads never return them.)
+        # (the maps' expiry floors said at this very time that no entry could have expired, and
+        # every write since stamped this time: a micro-batch's fixed time, over fresh keys in
+        # thousands of key groups, would otherwise sweep one map after another finding nothing.
+        # A restore or a new TTL clears it: see entries_restored.)
         found = 0
         if now != self._quiet_at:
             maps = self.maps
@@ -239,6 +240,11 @@ class StateTable(TableCore):
                 self._interval *= 2
                 self._idle_sweeps = 0
         self.ticks = self._interval
+
+    def entries_restored(self) -> None:
+        """Entries came in with timestamps of their own (a restore) or the TTL
+        changed: the next cleanup steps sweep again, whatever the clock reads."""
+        self._quiet_at = None
 
     def may_expire(self) -> bool:
         """Whether an entry may have expired now: False when the maps' expiry
