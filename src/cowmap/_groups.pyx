@@ -284,8 +284,7 @@ cdef class Groups:
     cdef OrderedBatch _o
     cdef list _keys
     cdef const int64_t[::1] _bounds
-    cdef const int64_t[::1] _kgs
-    cdef bint _grouped
+    cdef const int64_t[::1] _kgs   # None without key_groups
     cdef KeyContext _kc
     cdef object _set_key
     cdef Py_ssize_t _i
@@ -306,7 +305,6 @@ cdef class Groups:
             self._kgs = np.ascontiguousarray(key_groups, dtype=np.int64)
             if self._kgs.shape[0] != len(keys):
                 raise ValueError(f"key_groups must give {len(keys)} key groups, not {self._kgs.shape[0]}")
-            self._grouped = True
         self._o = ordered
         self._keys = keys
         self._bounds = b
@@ -323,7 +321,7 @@ cdef class Groups:
         key = self._keys[i]
         if self._kc is None:
             self._set_key(key)
-        elif self._grouped:
+        elif self._kgs is not None:
             kg = self._kgs[i]
             if not self._kc.lo <= kg <= self._kc.hi:
                 raise ValueError(f"key_groups[{i}] = {kg} is outside the context's range {self._kc.lo}..{self._kc.hi}")

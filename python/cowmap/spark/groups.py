@@ -91,7 +91,7 @@ def group_rows(
     else:
         codes, values = _factorize(frame, keys)
         kgs = _key_groups(target, tuple(values))
-        perm = np.argsort(kgs.astype(np.uint16), kind="stable")
+        perm = _stable_order(kgs, target.max_parallelism)
         rank = np.empty(len(perm), dtype=np.int64)
         rank[perm] = np.arange(len(perm))
         order, bounds = _order(rank[codes], len(values))

@@ -213,7 +213,7 @@ class MapState(AsyncMapMethods, State):
                     f"user_keys[{nones[0]}] is None: MapState user keys must not be None; nothing was written"
                 )
             if user_keys.dtype.kind == "f":
-                nans = np.flatnonzero(np.isnan(np.asarray(uks, dtype=np.float64)))
+                nans = np.flatnonzero(np.isnan(np.asarray(user_keys, dtype=np.float64)))
                 if len(nans):
                     raise ValueError(f"user_keys[{nans[0]}]: {_NAN_USER_KEY}; nothing was written")
             return uks

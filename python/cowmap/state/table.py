@@ -228,7 +228,7 @@ class StateTable(TableCore):
                 self._unchecked += self._interval
                 if self._unchecked >= len(maps):  # (reading the floors is O(key groups))
                     self._unchecked = 0
-                    if not maps_may_expire(maps, now, self.ttl):
+                    if not self.may_expire(now):
                         self._quiet_at = now
         if found:
             self._interval = CLEANUP_BATCH
@@ -246,11 +246,11 @@ class StateTable(TableCore):
         changed: the next cleanup steps sweep again, whatever the clock reads."""
         self._quiet_at = None
 
-    def may_expire(self) -> bool:
-        """Whether an entry may have expired now: False when the maps' expiry
-        floors (``expiry_floor`` of each key group's map, chained or flat) say
-        none has. O(maps)."""
-        return maps_may_expire(self.maps, self.now(), self.ttl)
+    def may_expire(self, now: int | None = None) -> bool:
+        """Whether an entry may have expired at ``now`` (the clock's time by
+        default): False when the maps' expiry floors (``expiry_floor`` of each
+        key group's map, chained or flat) say none has. O(maps)."""
+        return maps_may_expire(self.maps, self.now() if now is None else now, self.ttl)
 
     def sweep(self, kg: int, now: int, max_entries: int | None) -> int:
         """Remove expired entries of key group ``kg`` (whole states expire together
