@@ -3,7 +3,8 @@ from scratch and a wheel, ``twine check`` accepts both, and the wheel installs i
 virtual environment with no compiler on its PATH and runs the benchmark harness (its tiny
 configuration) and the README's examples from there.
 
-Takes about a minute and a half: the wheel is compiled from the sdist, in an isolated build
+Takes about two minutes, in the background while the rest of the suite runs
+(``tests/background.py``): the wheel is compiled from the sdist, in an isolated build
 environment, as pip would on a machine with no wheel for it.
 """
 
@@ -17,6 +18,7 @@ import sys
 import venv
 from pathlib import Path
 
+import background
 import pytest
 
 from test_package import python_blocks
@@ -29,27 +31,21 @@ NEEDS_SPARK = "apply_with_state("
 
 
 def _run(cmd: list[str], timeout: float = 900, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout, **kw)
+    return background.run(cmd, timeout=timeout, **kw)
 
 
 def _readme_examples() -> list[str]:
     return [b for b in python_blocks(ROOT / "README.md") if NEEDS_SPARK not in b]
 
 
-@pytest.fixture(scope="module")
-def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``python -m build`` of the repository: the sdist, and the wheel built from it."""
-    out = tmp_path_factory.mktemp("dist")
-    r = _run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)])
+def _build_and_install(tmp: Path) -> tuple[Path, Path, dict[str, str]]:
+    """``python -m build`` of the repository (the sdist, and the wheel built from it), and a
+    new virtual environment with the wheel installed, with the environment variables of a
+    shell in it whose PATH holds the environment's scripts only: no compiler."""
+    dist = tmp / "dist"
+    r = _run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)])
     assert r.returncode == 0, r.stdout[-6000:]
-    return out
-
-
-@pytest.fixture(scope="module")
-def fresh_env(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """A new virtual environment with the wheel installed, and the environment variables
-    of a shell in it whose PATH holds the environment's scripts only: no compiler."""
-    home = tmp_path_factory.mktemp("venv")
+    home = tmp / "venv"
     venv.create(home, with_pip=True)
     bindir = home / "bin"
     env = {k: v for k, v in os.environ.items() if k not in ("CC", "CXX", "PYTHONPATH", "VIRTUAL_ENV")}
@@ -60,7 +56,22 @@ def fresh_env(dist: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
     r = _run([str(bindir / "python"), "-m", "pip", "install", "--no-cache-dir", "-q", str(wheel), *extras],
              env=env, cwd=home)
     assert r.returncode == 0, r.stdout[-6000:]
-    return home, env
+    return dist, home, env
+
+
+background.register("install", __file__, _build_and_install)
+
+
+@pytest.fixture(scope="module")
+def dist() -> Path:
+    """The sdist and the wheel."""
+    return background.result("install")[0]
+
+
+@pytest.fixture(scope="module")
+def fresh_env() -> tuple[Path, dict[str, str]]:
+    """The fresh environment with the wheel installed, and its shell's variables."""
+    return background.result("install")[1:]
 
 
 def test_the_sdist_and_the_wheel_pass_twine_check(dist: Path) -> None:

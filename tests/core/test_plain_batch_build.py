@@ -11,7 +11,8 @@ normal build's other extension modules and reruns the test files that exercise b
 in a child process (``variant_child.py``). It also runs a seeded trace of batch calls
 (``batch_trace.py``) on both builds and requires the same outcome, line for line.
 
-About a minute and a half, most of it the child's test run; the build takes about 30 s.
+About two and a half minutes, most of it the child's test run, in the background while the
+rest of the suite runs (``tests/background.py``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import json
 import os
 from pathlib import Path
 
-import pytest
+import background
 
 import cowmap._core
 
-from variant_build import build_variant, rerun_tests, run_child
+from variant_build import build_variant, check_rerun, rerun_tests, run_child
 
 #: the test files that call the batch ops, the multi-map calls or the column calls, directly
 #: or through the async state layer's batches and the columnar state calls
@@ -47,10 +48,25 @@ BATCH_TEST_FILES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def plain_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A package cowmap with the plain build of _core and the normal build's other modules."""
-    return build_variant(tmp_path_factory.mktemp("plain_batch"), {"COWMAP_PLAIN_BATCH": "ON"}, ["_core"])
+def _traces(root: Path, tmp: Path) -> dict[str, tuple[int, Path, Path]]:
+    """The seeded trace of batch calls on the normal build and on the one in ``root``: per
+    build, the exit status, the file of the trace's lines and the file of the output."""
+    env = dict(os.environ, PYTHONHASHSEED="0")  # str keys hash alike in both processes
+    traces = {}
+    for build, where in (("normal", "-"), ("plain", str(root))):
+        out, log = tmp / f"{build}.json", tmp / f"{build}.log"
+        traces[build] = (run_child(where, build, "trace", str(out), env=env, log=log).returncode, out, log)
+    return traces
+
+
+def _build_and_rerun(tmp: Path) -> tuple[Path, tuple[int, Path], dict[str, tuple[int, Path, Path]]]:
+    """A package cowmap with the plain build of _core and the normal build's other modules,
+    the run of BATCH_TEST_FILES on it, and the traces of both builds."""
+    root = build_variant(tmp, {"COWMAP_PLAIN_BATCH": "ON"}, ["_core"])
+    return root, rerun_tests(root, "plain", BATCH_TEST_FILES), _traces(root, tmp)
+
+
+background.register("plain_batch_build", __file__, _build_and_rerun)
 
 
 def test_normal_build_is_pipelined() -> None:
@@ -58,20 +74,19 @@ def test_normal_build_is_pipelined() -> None:
     assert cowmap._core.PLAIN_BATCH is False
 
 
-def test_batch_tests_pass_on_plain_build(plain_root: Path) -> None:
+def test_batch_tests_pass_on_plain_build() -> None:
     """Every test of BATCH_TEST_FILES passes on the plain build, none skipped."""
-    rerun_tests(plain_root, "plain", "PLAIN_BATCH=True", BATCH_TEST_FILES)
+    root, rerun, _ = background.result("plain_batch_build")
+    check_rerun(rerun, root, "PLAIN_BATCH=True")
 
 
-def test_plain_build_traces_the_same(plain_root: Path, tmp_path: Path) -> None:
+def test_plain_build_traces_the_same() -> None:
     """A seeded run of batch calls gives the same lines on both builds: results, errors,
     timestamps, iteration order, rehash progress, entry and page counts."""
-    env = dict(os.environ, PYTHONHASHSEED="0")  # str keys hash alike in both processes
+    _, _, runs = background.result("plain_batch_build")
     traces = {}
-    for build, root in (("normal", "-"), ("plain", str(plain_root))):
-        out = tmp_path / f"{build}.json"
-        run = run_child(root, build, "trace", str(out), env=env)
-        assert run.returncode == 0, run.stdout[-8000:]
+    for build, (status, out, log) in runs.items():
+        assert status == 0, log.read_text()[-8000:]
         traces[build] = json.loads(out.read_text())
     normal, plain = traces["normal"], traces["plain"]
     assert len(normal) > 400

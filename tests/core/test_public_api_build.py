@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import background
 
 import cowmap._core
 
-from variant_build import build_variant, rerun_tests
+from variant_build import build_variant, check_rerun, rerun_tests
 
 #: the test files that go through a fast path with a fallback (the two build tests, which
 #: would build again, and the GC switch test, which runs the installed build, are left out)
@@ -41,10 +41,14 @@ FALLBACK_TEST_FILES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def public_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A package cowmap whose extension modules all use CPython's public C API only."""
-    return build_variant(tmp_path_factory.mktemp("public_api"), {"COWMAP_PUBLIC_API_ONLY": "ON"})
+def _build_and_rerun(tmp: Path) -> tuple[Path, tuple[int, Path]]:
+    """A package cowmap whose extension modules all use CPython's public C API only, and the
+    run of FALLBACK_TEST_FILES on it."""
+    root = build_variant(tmp, {"COWMAP_PUBLIC_API_ONLY": "ON"})
+    return root, rerun_tests(root, "public", FALLBACK_TEST_FILES)
+
+
+background.register("public_api_build", __file__, _build_and_rerun)
 
 
 def test_normal_build_takes_the_fast_paths() -> None:
@@ -52,6 +56,7 @@ def test_normal_build_takes_the_fast_paths() -> None:
     assert cowmap._core.CPYTHON_INTERNALS is True
 
 
-def test_tests_pass_on_the_public_api_build(public_root: Path) -> None:
+def test_tests_pass_on_the_public_api_build() -> None:
     """Every test of FALLBACK_TEST_FILES passes on the public-API build, none skipped."""
-    rerun_tests(public_root, "public", "CPYTHON_INTERNALS=False", FALLBACK_TEST_FILES)
+    root, rerun = background.result("public_api_build")
+    check_rerun(rerun, root, "CPYTHON_INTERNALS=False")

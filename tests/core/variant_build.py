@@ -5,7 +5,8 @@ module itself.
 :func:`build_variant` builds from a copy of the sources with ``pip wheel`` and
 ``--config-settings``, the way a developer would, and lays the result out as a package
 directory; :func:`run_child` runs ``variant_child.py`` on it, which imports cowmap from that
-directory only and checks which build it got.
+directory only and checks which build it got. The tests run both as background jobs
+(``tests/background.py``): they wait on the compiler and on child processes.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from background import run
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 
@@ -27,11 +30,6 @@ MODULES = re.search(r"foreach\(mod ([^)]*)\)", (REPO / "CMakeLists.txt").read_te
 
 #: what the build needs of the repository
 SOURCES = ["pyproject.toml", "CMakeLists.txt", "README.md", "LICENSE", "src", "python"]
-
-
-def run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout, **kw)
 
 
 def build_variant(tmp: Path, defines: dict[str, str], modules: list[str] | None = None) -> Path:
@@ -71,10 +69,12 @@ def build_variant(tmp: Path, defines: dict[str, str], modules: list[str] | None 
     return root
 
 
-def run_child(root: str, build: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """variant_child.py on the package in root ("-": as installed), expecting `build`."""
+def run_child(root: str, build: str, *args: str, env: dict[str, str] | None = None,
+              log: Path | None = None) -> subprocess.CompletedProcess:
+    """variant_child.py on the package in root ("-": as installed), expecting `build`; its
+    output in ``log`` if given."""
     cmd = [sys.executable, "-X", "faulthandler", str(HERE / "variant_child.py"), root, build, *args]
-    return run(cmd, timeout=900, cwd=REPO, env=env)
+    return run(cmd, timeout=900, cwd=REPO, env=env, log=log)
 
 
 #: hypothesis examples per state machine in a rerun (400 in the normal run): the rules still
@@ -82,13 +82,21 @@ def run_child(root: str, build: str, *args: str, env: dict[str, str] | None = No
 RERUN_STATEMACHINE_EXAMPLES = "100"
 
 
-def rerun_tests(root: Path, build: str, flag: str, files: list[str]) -> None:
-    """Run the test ``files`` on the package in ``root`` (``build``, whose first line of output
-    must show ``flag``): every test passes, none is skipped."""
+def rerun_tests(root: Path, build: str, files: list[str]) -> tuple[int, Path]:
+    """The test ``files`` run on the package in ``root`` (``build``): the exit status, and
+    the file holding the output."""
     env = dict(os.environ, COWMAP_STATEMACHINE_EXAMPLES=RERUN_STATEMACHINE_EXAMPLES)
-    run = run_child(str(root), build, "pytest", "-q", "-p", "no:cacheprovider", "-rs", *files, env=env)
-    out = run.stdout
-    assert run.returncode == 0, out[-8000:]
+    log = root.parent / "rerun.log"
+    done = run_child(str(root), build, "pytest", "-q", "-p", "no:cacheprovider", "-rs", *files, env=env, log=log)
+    return done.returncode, log
+
+
+def check_rerun(rerun: tuple[int, Path], root: Path, flag: str) -> None:
+    """A :func:`rerun_tests` on ``root`` passed on the build it meant (the first line of its
+    output shows ``flag``): every test passed, none was skipped."""
+    status, log = rerun
+    out = log.read_text()
+    assert status == 0, out[-8000:]
     first = out.splitlines()[0]
     assert first.startswith(f"cowmap._core from {root}"), first
     assert flag in first.split(", ")[1:], first
