@@ -12,6 +12,7 @@ would on work done in place: an exception in the job is raised in each test that
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -67,7 +68,9 @@ def run(cmd: list[str], timeout: float, log: Path | None = None, **kw: Any) -> s
     """:func:`subprocess.run` with stderr into stdout and the output as text, the child killed
     by :func:`stop` if the session ends first. The output goes to a file while the child runs,
     and with ``log`` stays there (``stdout`` is then None): what a job keeps in memory is
-    allocated in the suite's process, whose memory tests would count it."""
+    allocated in the suite's process, whose memory tests would count it. A build in the child
+    compiles one file at a time, unless ``env`` says otherwise: the job takes one core."""
+    kw["env"] = {"CMAKE_BUILD_PARALLEL_LEVEL": "1", **(kw.get("env") or os.environ)}
     with open(log, "w+", encoding="utf-8") if log else tempfile.TemporaryFile("w+", encoding="utf-8") as out:
         with _lock:
             if _stopping:
