@@ -119,5 +119,6 @@ def test_the_readme_examples_run_from_the_wheel(fresh_env: tuple[Path, dict[str,
     home, env = fresh_env
     script = tmp_path / f"example_{i}.py"
     script.write_text(_readme_examples()[i])
+    env = dict(env, TMPDIR=str(tmp_path))  # what an example makes with tempfile, pytest clears
     r = _run([str(home / "bin" / "python"), str(script)], env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, r.stdout[-4000:]
